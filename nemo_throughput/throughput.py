@@ -1,0 +1,67 @@
+"""From a step time to tokens/s, MFU and time to train (the arithmetic of DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SECONDS_PER_DAY = 86_400
+ONE_TRILLION = 1e12
+METRICS = ("tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "model_tflops_per_gpu", "mfu",
+           "days_to_train_1t_tokens")
+
+
+def mfu(
+    *,
+    global_batch_size: int,
+    flops_per_sample: float,
+    step_time_s: float,
+    num_gpus: int,
+    peak_tflops: float,
+) -> float:
+    """Model FLOPs utilisation as a fraction: achieved model FLOP/s per GPU over its peak."""
+    return global_batch_size * flops_per_sample / step_time_s / num_gpus / (peak_tflops * 1e12)
+
+
+def days_to_train(tokens: float, tokens_per_s: float) -> float:
+    return tokens / tokens_per_s / SECONDS_PER_DAY
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one optimizer step processes, and on how many GPUs."""
+
+    global_batch_size: int
+    seq_length: int
+    num_gpus: int
+    flops_per_sample: float | None = None
+    peak_tflops: float | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+    def metrics(self, step_time_s: float | None) -> dict[str, float | None]:
+        """Throughput figures for a (global, slowest-rank) step time in seconds; None: no steps."""
+        if not step_time_s:
+            return dict.fromkeys(METRICS)
+        tokens_per_s = self.tokens_per_step / step_time_s
+        tflops_per_gpu = None
+        utilisation = None
+        if self.flops_per_sample is not None:
+            tflops_per_gpu = self.global_batch_size * self.flops_per_sample / step_time_s / self.num_gpus / 1e12
+            if self.peak_tflops:
+                utilisation = mfu(
+                    global_batch_size=self.global_batch_size,
+                    flops_per_sample=self.flops_per_sample,
+                    step_time_s=step_time_s,
+                    num_gpus=self.num_gpus,
+                    peak_tflops=self.peak_tflops,
+                )
+        return {
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_gpu": tokens_per_s / self.num_gpus,
+            "samples_per_s": self.global_batch_size / step_time_s,
+            "model_tflops_per_gpu": tflops_per_gpu,
+            "mfu": utilisation,
+            "days_to_train_1t_tokens": days_to_train(ONE_TRILLION, tokens_per_s),
+        }

@@ -1,0 +1,178 @@
+"""Per-step timing that never stalls the device.
+
+One step is one optimizer step, measured from the end of the previous step to the end of this
+one, so data loading and the optimizer are inside it: this is "seconds per step" as the
+benchmark literature uses it. Inside the step, marks split it into phases:
+
+    previous end -> start ........ data: waiting for the first micro-batch
+    start -> backward ............ forward: all forward work (and, with gradient accumulation,
+                                   the local backward of earlier micro-batches)
+    backward -> optimizer ........ backward of the last micro-batch, including the gradient
+                                   all-reduce wait under DDP
+    optimizer -> end ............. optimizer step
+
+Marks come from a :class:`Clock`. On CUDA a mark is an event recorded on the current stream;
+it is read only when the timer is asked to (on log steps), only if it is at least one step
+old, and after it completed: the host waits, if at all, for a step the GPU has normally
+finished already while the next step is still queued, so the GPU never idles for us.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+START, BACKWARD, OPTIMIZER = "start", "backward", "optimizer"  # marks inside a step
+PHASE_TIMES = ("data_s", "forward_s", "backward_s", "optimizer_s")  # durations between the marks
+
+
+class Clock(Protocol):
+    """Source of marks; ``seconds`` may only be called on marks for which ``ready`` is true."""
+
+    def mark(self) -> Any: ...
+
+    def ready(self, mark: Any) -> bool: ...
+
+    def wait(self, mark: Any) -> None: ...
+
+    def seconds(self, earlier: Any, later: Any) -> float: ...
+
+
+class HostClock:
+    """Host monotonic clock: marks are ``perf_counter_ns`` readings, complete when taken."""
+
+    def mark(self) -> int:
+        return time.perf_counter_ns()
+
+    def ready(self, mark: int) -> bool:
+        return True
+
+    def wait(self, mark: int) -> None:
+        pass
+
+    def seconds(self, earlier: int, later: int) -> float:
+        return (later - earlier) / 1e9
+
+
+class CudaClock:
+    """CUDA events on the current stream. ``mark`` enqueues; nothing here blocks but ``wait``."""
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ready(self, mark: torch.cuda.Event) -> bool:
+        return mark.query()
+
+    def wait(self, mark: torch.cuda.Event) -> None:
+        mark.synchronize()  # waits for this event only, not for the device
+
+    def seconds(self, earlier: torch.cuda.Event, later: torch.cuda.Event) -> float:
+        return earlier.elapsed_time(later) / 1e3
+
+
+def clock_for(device: torch.device) -> Clock:
+    return CudaClock() if device.type == "cuda" else HostClock()
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Durations of one optimizer step on one rank, in seconds (None: phase not observed)."""
+
+    step: int
+    step_s: float
+    data_s: float | None = None
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+
+    VALUES = ("step_s", *PHASE_TIMES)
+
+    @property
+    def local_s(self) -> float | None:
+        """Data wait plus forward: the part of a step in which a DDP rank waits for no other."""
+        if self.data_s is None or self.forward_s is None:
+            return None
+        return self.data_s + self.forward_s
+
+    def to_floats(self) -> list[float]:
+        return [math.nan if getattr(self, name) is None else float(getattr(self, name)) for name in self.VALUES]
+
+    @classmethod
+    def from_floats(cls, step: int, values: list[float]) -> StepTimes:
+        kwargs = {name: (None if math.isnan(v) else v) for name, v in zip(cls.VALUES, values, strict=True)}
+        return cls(step=step, **kwargs)
+
+
+@dataclass
+class _RecordedStep:
+    """A finished step whose marks have not been read yet."""
+
+    step: int
+    anchor: Any  # previous step's end, or a fresh anchor after validation
+    end: Any
+    marks: dict[str, Any] = field(default_factory=dict)
+
+
+class StepTimer:
+    """Records marks on the hot path and turns them into :class:`StepTimes` when collected."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._anchor: Any = None
+        self._marks: dict[str, Any] = {}
+        self._pending: deque[_RecordedStep] = deque()
+
+    def anchor(self) -> None:
+        """Start the next step's interval now (at training start, and after validation)."""
+        self._anchor = self.clock.mark()
+        self._marks = {}
+
+    def mark(self, name: str) -> None:
+        """Mark START, BACKWARD or OPTIMIZER in the step in progress; START keeps its first, others their last."""
+        if name == START and START in self._marks:
+            return
+        self._marks[name] = self.clock.mark()
+
+    def end_step(self, step: int) -> None:
+        end = self.clock.mark()
+        anchor = self._anchor if self._anchor is not None else self._marks.get(START)
+        if anchor is not None:
+            self._pending.append(_RecordedStep(step, anchor, end, self._marks))
+        self._anchor, self._marks = end, {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def collect(self, through_step: int | None = None) -> list[StepTimes]:
+        """Times of the pending steps up to ``through_step`` (all if None), oldest first.
+
+        Waits for a step's end mark only if it has not completed yet; callers pass the
+        previous step on log steps so the wait, if any, is for work the GPU is finishing.
+        """
+        collected = []
+        while self._pending and (through_step is None or self._pending[0].step <= through_step):
+            open_step = self._pending.popleft()
+            if not self.clock.ready(open_step.end):
+                self.clock.wait(open_step.end)
+            collected.append(self._read(open_step))
+        return collected
+
+    def _read(self, s: _RecordedStep) -> StepTimes:
+        seconds = self.clock.seconds
+        start, backward, optimizer = (s.marks.get(m) for m in (START, BACKWARD, OPTIMIZER))
+        chain = [s.anchor, start, backward, optimizer, s.end]
+        # Each phase is measured between the marks that bound it; a missing mark leaves it None.
+        phases = [
+            seconds(a, b) if a is not None and b is not None else None
+            for a, b in itertools.pairwise(chain)
+        ]
+        return StepTimes(s.step, seconds(s.anchor, s.end), *phases)

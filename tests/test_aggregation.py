@@ -1,0 +1,92 @@
+"""Cross-rank statistics, and the all-gather over a real two-process gloo group."""
+
+import socket
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from nemo_throughput.aggregation import Exchange, RunStats
+from nemo_throughput.timing import StepTimes
+
+
+def rank_steps(first, step_times, local=None):
+    return [StepTimes(first + i, t, data_s=None if local is None else 0.0,
+                      forward_s=None if local is None else local[i]) for i, t in enumerate(step_times)]
+
+
+def test_global_step_time_is_the_slowest_rank_per_step_and_warmup_is_left_out():
+    stats = RunStats(world_size=2, warmup_steps=2)
+    interval = stats.add([
+        rank_steps(1, [9.0, 9.0, 1.0, 2.0, 1.0, 1.0], local=[1, 1, 0.2, 0.2, 0.2, 0.2]),
+        rank_steps(1, [9.0, 9.0, 1.5, 1.0, 1.0, 4.0], local=[1, 1, 0.5, 0.5, 0.5, 0.5]),
+    ])
+    assert stats.step_time_s == [1.5, 2.0, 1.0, 4.0]  # steps 3-6; steps 1-2 were warm-up
+    summary = stats.step_time_summary()
+    assert summary["mean"] == pytest.approx(2.125)
+    assert summary["median"] == pytest.approx(1.75)
+    assert (summary["min"], summary["max"]) == (1.0, 4.0)
+    assert summary["p90"] == pytest.approx(3.4)  # between 2.0 and 4.0, 70 % of the way
+    assert summary["std"] == pytest.approx(1.3149778, rel=1e-6)
+    assert stats.per_rank_step_time_s() == pytest.approx([1.25, 1.875])
+    assert stats.per_rank_phase_s("local_s") == pytest.approx([0.2, 0.5])
+    straggler = stats.straggler()
+    assert straggler["rank"] == 1 and straggler["metric"] == "local_time_s"
+    assert straggler["excess_pct"] == pytest.approx(100 * (0.5 / 0.35 - 1))
+    assert (interval.first_step, interval.last_step, interval.slowest_rank) == (1, 6, 1)
+    assert interval.max_step_time_s == 9.0 and not interval.warmup
+
+
+def test_without_phases_the_straggler_is_the_rank_with_the_longest_steps():
+    stats = RunStats(world_size=3, warmup_steps=0)
+    stats.add([rank_steps(1, [1.0, 1.0]), rank_steps(1, [1.0, 1.2]), rank_steps(1, [3.0, 1.0])])
+    assert stats.per_rank_phase_s("local_s") is None
+    assert stats.straggler() == {"rank": 2, "metric": "step_time_s", "excess_pct": pytest.approx(81.818181)}
+
+
+def test_warmup_counts_from_the_step_the_run_started_at():
+    stats = RunStats(world_size=1, warmup_steps=2, start_step=100)  # resumed from a checkpoint
+    interval = stats.add([rank_steps(101, [5.0, 5.0, 1.0])])
+    assert stats.step_time_s == [1.0] and not interval.warmup
+    assert stats.add([[]]) is None
+
+
+def test_no_measured_steps_gives_empty_statistics():
+    stats = RunStats(world_size=2, warmup_steps=10)
+    assert stats.add([rank_steps(1, [1.0]), rank_steps(1, [1.0])]).warmup
+    assert stats.step_time_summary() is None and stats.straggler() is None and stats.mean_step_time_s() is None
+
+
+def test_ranks_disagreeing_on_steps_is_an_error():
+    stats = RunStats(world_size=2, warmup_steps=0)
+    with pytest.raises(RuntimeError, match="Rank 1 reported steps \\[2, 3\\] but rank 0 reported \\[1, 2\\]"):
+        stats.add([rank_steps(1, [1.0, 1.0]), rank_steps(2, [1.0, 1.0])])
+
+
+def test_exchange_without_torch_distributed_returns_the_local_steps():
+    steps = rank_steps(5, [0.5, 0.25], local=[0.1, 0.2])
+    assert Exchange().start(steps).wait() == [steps]
+
+
+def _gloo_worker(rank: int, world_size: int, port: int, results) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        exchange = Exchange()
+        first = exchange.start(rank_steps(1, [1.0 + rank, 2.0 + rank], local=[rank, rank]))
+        second = exchange.start(rank_steps(3, [10.0 * (rank + 1)]))  # started before the first is read
+        results[rank] = (first.wait(), second.wait())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_exchange_all_gathers_every_ranks_steps_over_gloo():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_gloo_worker, args=(2, port, results), nprocs=2, join=True)
+    for rank in (0, 1):
+        first, second = results[rank]
+        assert first == [rank_steps(1, [1.0, 2.0], local=[0, 0]), rank_steps(1, [2.0, 3.0], local=[1, 1])]
+        assert second == [rank_steps(3, [10.0]), rank_steps(3, [20.0])]

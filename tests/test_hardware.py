@@ -1,0 +1,100 @@
+"""Peak lookup on the names drivers really report, including the ones other tables get wrong."""
+
+import logging
+
+import pytest
+import torch
+
+from nemo_throughput.hardware import ACCELERATORS, dtype_for_precision, identify, peak_tflops
+
+
+@pytest.mark.parametrize("driver_name, part, bf16, fp8", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.5, 1979.0),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.5, 1513.0),
+    ("NVIDIA H100 NVL", "H100 NVL", 835.5, 1670.5),
+    ("NVIDIA H200", "H200 SXM", 989.5, 1979.0),  # tables keyed on "h200 sxm1" miss this
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5, 1670.5),
+    ("NVIDIA GH200 480GB", "GH200", 989.5, 1979.0),
+    ("NVIDIA B200", "B200", 2250.0, 4500.0),
+    ("NVIDIA GB200", "GB200", 2500.0, 5000.0),  # not B200
+    ("NVIDIA L40S", "L40S", 362.05, 733.0),  # not L4
+    ("NVIDIA L40", "L40", 181.05, 362.0),
+    ("NVIDIA L4", "L4", 121.0, 242.5),
+    ("AMD Instinct MI300X", "MI300X", 1307.4, 2614.9),
+    ("AMD Instinct MI300X VF", "MI300X", 1307.4, 2614.9),
+])
+def test_driver_names_map_to_dense_peaks(driver_name, part, bf16, fp8):
+    assert identify(driver_name).name == part
+    assert peak_tflops(driver_name, "bf16") == bf16
+    assert peak_tflops(driver_name, "BF16") == bf16
+    assert peak_tflops(driver_name, "fp8") == fp8
+
+
+@pytest.mark.parametrize("driver_name, part, bf16", [
+    ("NVIDIA A100-SXM4-80GB", "A100", 312.0),
+    ("NVIDIA A100-SXM4-40GB", "A100", 312.0),
+    ("NVIDIA A100 80GB PCIe", "A100", 312.0),
+    ("NVIDIA A100-PCIE-40GB", "A100", 312.0),
+    ("NVIDIA A10G", "A10G", 125.0),
+    ("NVIDIA A10", "A10", 125.0),
+])
+def test_ampere_parts_and_their_missing_fp8(driver_name, part, bf16, caplog):
+    assert identify(driver_name).name == part
+    assert peak_tflops(driver_name, "bf16") == bf16
+    with caplog.at_level(logging.WARNING):
+        assert peak_tflops(driver_name, "fp8") is None
+    assert f"{part} has no fp8" in caplog.text and "peak_tflops" in caplog.text
+
+
+@pytest.mark.parametrize("driver_name", [
+    "NVIDIA GeForce RTX 4090",
+    "Tesla V100-SXM2-16GB",  # must not be treated as an A100
+    "NVIDIA H100",  # ambiguous: SXM, PCIe and NVL differ by 30 %
+    "cpu",
+])
+def test_unknown_or_ambiguous_parts_give_none_and_name_the_override(driver_name, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert peak_tflops(driver_name, "bf16") is None
+    assert driver_name in caplog.text and "peak_tflops" in caplog.text
+
+
+def test_unknown_dtype_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"Unknown dtype 'int4'.*'fp8', 'bf16', 'fp16', 'tf32', 'fp32'"):
+        peak_tflops("NVIDIA H100 80GB HBM3", "int4")
+
+
+def test_table_holds_dense_not_sparse_figures():
+    # Dense tensor-core peaks double from BF16 to FP8 and halve from BF16 to TF32; a sparse figure
+    # copied by mistake for one dtype breaks the ratio.
+    for accelerator in ACCELERATORS:
+        peaks = accelerator.peak_tflops
+        if "fp8" in peaks:
+            assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"], rel=0.02), accelerator.name
+        assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.03), accelerator.name
+        assert peaks["fp16"] == peaks["bf16"]
+
+
+@pytest.mark.parametrize("precision, fp8, dtype", [
+    ("bf16-mixed", False, "bf16"),
+    ("bf16-true", False, "bf16"),
+    ("bf16", False, "bf16"),
+    ("16-mixed", False, "fp16"),
+    (16, False, "fp16"),
+    ("transformer-engine", False, "fp8"),
+    ("transformer-engine-float16", False, "fp8"),
+    ("bf16-mixed", True, "fp8"),  # NeMo: precision bf16-mixed with model.fp8=True
+    ("64-true", False, None),
+])
+def test_dtype_follows_the_trainer_precision(precision, fp8, dtype):
+    assert dtype_for_precision(precision, fp8=fp8) == dtype
+
+
+def test_fp32_counts_as_tf32_when_matmuls_may_use_it():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert dtype_for_precision("32-true") == "fp32"
+        torch.set_float32_matmul_precision("high")
+        assert dtype_for_precision("32-true") == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(before)

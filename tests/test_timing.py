@@ -1,0 +1,164 @@
+"""The step timer's lazy reading, through a device clock whose marks complete only when told.
+
+``LaggingDevice`` stands in for a GPU stream: marks are recorded with a device timestamp and
+complete in order, later than the host records them. Reading a mark that has not completed
+raises, so a passing test shows the timer never reads unfinished work; the access log shows
+it touches no mark at all on steps that are not log steps.
+"""
+
+import time
+
+import pytest
+
+from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, HostClock, StepTimer, StepTimes
+
+
+class LaggingDevice:
+    def __init__(self):
+        self.device_time_s = 0.0
+        self.recorded: list[float] = []  # device timestamp of each mark
+        self.completed = 0  # marks [0, completed) have completed
+        self.accesses: list[tuple[str, int]] = []
+
+    def mark(self) -> int:
+        self.recorded.append(self.device_time_s)
+        return len(self.recorded) - 1
+
+    def ready(self, mark: int) -> bool:
+        self.accesses.append(("ready", mark))
+        return mark < self.completed
+
+    def wait(self, mark: int) -> None:
+        self.accesses.append(("wait", mark))
+        self.completed = max(self.completed, mark + 1)  # in-order completion up to this mark
+
+    def seconds(self, earlier: int, later: int) -> float:
+        self.accesses.append(("read", later))
+        if max(earlier, later) >= self.completed:
+            raise AssertionError(f"read mark {max(earlier, later)} before it completed")
+        return self.recorded[later] - self.recorded[earlier]
+
+    def advance(self, seconds: float) -> None:
+        self.device_time_s += seconds
+
+
+def run_step(timer: StepTimer, device: LaggingDevice, step: int, data=0.01, forward=0.1, backward=0.2,
+             optimizer=0.03) -> None:
+    device.advance(data)
+    timer.mark(START)
+    device.advance(forward)
+    timer.mark(BACKWARD)
+    device.advance(backward)
+    timer.mark(OPTIMIZER)
+    device.advance(optimizer)
+    timer.end_step(step)
+
+
+def test_marks_are_read_only_on_collection_and_only_when_one_step_old_and_complete():
+    device = LaggingDevice()
+    timer = StepTimer(device)
+    timer.anchor()
+    for step in range(1, 5):
+        run_step(timer, device, step)
+        device.completed = len(device.recorded) - 4  # the device still runs the newest step
+    assert device.accesses == []  # the hot path never asked the device anything
+
+    # Log step 4: collect through step 3. Step 3's marks completed already; step 4's have not.
+    times = timer.collect(through_step=3)
+    assert [t.step for t in times] == [1, 2, 3]
+    assert not any(kind == "wait" for kind, _ in device.accesses)
+    newest_step_marks = set(range(len(device.recorded) - 4, len(device.recorded)))
+    assert not any(mark in newest_step_marks for _, mark in device.accesses)
+    assert timer.pending == 1
+
+    for t in times:
+        assert t.step_s == pytest.approx(0.34)
+        assert (t.data_s, t.forward_s, t.backward_s, t.optimizer_s) == pytest.approx((0.01, 0.1, 0.2, 0.03))
+        assert t.local_s == pytest.approx(0.11)
+
+
+def test_a_log_step_waits_only_for_unfinished_steps_up_to_the_previous_one():
+    device = LaggingDevice()
+    timer = StepTimer(device)
+    timer.anchor()
+    for step in range(1, 4):
+        run_step(timer, device, step)
+    device.completed = 0  # the device lags by more than a step
+    end_of_step_2 = 8  # anchor, then four marks per step: step 2 ends with mark 8
+    times = timer.collect(through_step=2)
+    assert [t.step for t in times] == [1, 2]
+    assert [m for kind, m in device.accesses if kind == "wait"] == [4, end_of_step_2]
+    assert device.completed == end_of_step_2 + 1  # step 3 was not waited for
+
+
+def test_collect_all_at_the_end_and_step_times_chain_end_to_end():
+    device = LaggingDevice()
+    timer = StepTimer(device)
+    timer.anchor()
+    run_step(timer, device, 1, data=0.5)
+    run_step(timer, device, 2, data=0.02)
+    times = timer.collect()
+    assert [t.step for t in times] == [1, 2] and timer.pending == 0
+    assert times[0].step_s == pytest.approx(0.5 + 0.33)
+    assert times[1].step_s == pytest.approx(0.02 + 0.33)
+    # end-to-end: the steps tile the timeline from the anchor to the last end
+    assert sum(t.step_s for t in times) == pytest.approx(device.recorded[-1] - device.recorded[0])
+
+
+def test_gradient_accumulation_keeps_the_first_start_and_the_last_backward():
+    device = LaggingDevice()
+    timer = StepTimer(device)
+    timer.anchor()
+    device.advance(0.01)
+    for _ in range(3):  # three micro-batches in one optimizer step
+        timer.mark(START)
+        device.advance(0.1)
+        timer.mark(BACKWARD)
+        device.advance(0.2)
+    timer.mark(OPTIMIZER)
+    device.advance(0.05)
+    timer.end_step(1)
+    (t,) = timer.collect()
+    assert t.step_s == pytest.approx(0.01 + 3 * 0.3 + 0.05)
+    assert t.data_s == pytest.approx(0.01)
+    assert t.forward_s == pytest.approx(0.3 + 0.3 + 0.1)  # up to the last micro-batch's backward
+    assert t.backward_s == pytest.approx(0.2)
+    assert t.optimizer_s == pytest.approx(0.05)
+
+
+def test_anchor_after_validation_leaves_it_out_of_the_next_step():
+    device = LaggingDevice()
+    timer = StepTimer(device)
+    timer.anchor()
+    run_step(timer, device, 1)
+    device.advance(5.0)  # validation
+    timer.anchor()
+    run_step(timer, device, 2)
+    assert [t.step_s for t in timer.collect()] == pytest.approx([0.34, 0.34])
+
+
+def test_phases_not_observed_are_none():
+    device = LaggingDevice()
+    timer = StepTimer(device)
+    timer.anchor()
+    device.advance(0.1)
+    timer.end_step(1)  # e.g. manual optimisation without the backward hook
+    (t,) = timer.collect()
+    assert t.step_s == pytest.approx(0.1)
+    assert (t.data_s, t.forward_s, t.backward_s, t.optimizer_s, t.local_s) == (None, None, None, None, None)
+
+
+def test_host_clock_measures_real_time():
+    timer = StepTimer(HostClock())
+    timer.anchor()
+    for step in (1, 2):
+        timer.mark(START)
+        time.sleep(0.02)
+        timer.end_step(step)
+    times = timer.collect()
+    assert all(t.step_s >= 0.02 and t.forward_s is None for t in times)
+
+
+def test_step_times_round_trip_through_floats():
+    t = StepTimes(step=7, step_s=0.5, data_s=None, forward_s=0.2, backward_s=0.25, optimizer_s=0.05)
+    assert StepTimes.from_floats(7, t.to_floats()) == t
