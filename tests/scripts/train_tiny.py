@@ -1,0 +1,59 @@
+"""Train the demo GPT at a tiny size with the callback; knobs to slow a rank, fail or run long.
+
+Used by the tests as a real process: real Lightning DDP over gloo, real signals.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import pytorch_lightning as pl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import tiny_gpt_cfg  # noqa: E402
+from nemo_throughput import ThroughputCallback  # noqa: E402
+from nemo_throughput.demo.gpt import DemoGPT  # noqa: E402
+
+
+class InstrumentedGPT(DemoGPT):
+    def __init__(self, cfg, args):
+        super().__init__(cfg)
+        self.args = args
+
+    def training_step(self, batch, batch_idx):
+        step = self.trainer.global_step + 1  # the optimizer step this micro-batch belongs to
+        if self.args.fail_at and step == self.args.fail_at:
+            raise RuntimeError(f"injected failure at step {step}")
+        time.sleep(self.args.step_sleep_s)
+        if self.trainer.global_rank == self.args.slow_rank:
+            time.sleep(self.args.slow_s)
+        return super().training_step(batch, batch_idx)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--log-every", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-s", type=float, default=0.0)
+    parser.add_argument("--fail-at", type=int, default=0)
+    parser.add_argument("--per-step-jsonl", action="store_true")
+    args = parser.parse_args()
+
+    cfg = tiny_gpt_cfg(global_batch_size=2 * args.devices)
+    callback = ThroughputCallback(log_every_n_steps=args.log_every, warmup_steps=args.warmup,
+                                  output_dir=args.output_dir, per_step_jsonl=args.per_step_jsonl)
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
+                         max_steps=args.steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                         default_root_dir=args.output_dir)
+    trainer.fit(InstrumentedGPT(cfg, args))
+
+
+if __name__ == "__main__":
+    main()
