@@ -1,0 +1,123 @@
+"""`+callbacks=throughput` through real Hydra composition, the job callback and Lightning's
+callbacks_factory entry points, from an editable install and from the built wheel."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import venv
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize
+from hydra.core.plugins import Plugins
+from hydra.plugins.search_path_plugin import SearchPathPlugin
+from omegaconf import OmegaConf
+
+from nemo_throughput.config import ThroughputConfig
+
+REPO = Path(__file__).parents[1]
+
+
+def compose_callbacks(*overrides):
+    with initialize(version_base=None, config_path=None):
+        return compose(overrides=list(overrides), return_hydra_config=True)
+
+
+def test_search_path_plugin_is_discovered():
+    names = [plugin.__name__ for plugin in Plugins.instance().discover(SearchPathPlugin)]
+    assert "NemoThroughputSearchPathPlugin" in names
+
+
+def test_config_group_holds_every_setting_with_the_dataclass_default():
+    cfg = compose_callbacks("+callbacks=throughput")
+    composed = OmegaConf.to_container(cfg.callbacks.throughput)
+    defaults = {f.name: f.default for f in dataclasses.fields(ThroughputConfig)}
+    assert composed == defaults
+    assert cfg.hydra.callbacks.nemo_throughput._target_ == "nemo_throughput.adapters.hydra.KeepThroughputConfig"
+
+
+def test_overrides_and_the_debug_variant_compose():
+    cfg = compose_callbacks("+callbacks=throughput", "callbacks.throughput.log_every_n_steps=20",
+                            "callbacks.throughput.run_label=kubernetes")
+    assert cfg.callbacks.throughput.log_every_n_steps == 20 and cfg.callbacks.throughput.run_label == "kubernetes"
+    debug = compose_callbacks("+callbacks=throughput_debug").callbacks.throughput
+    assert debug.log_every_n_steps == 1 and debug.per_step_jsonl is True and debug.warmup_steps == 10
+
+
+def test_factories_are_registered_for_both_lightning_namespaces():
+    for group in ("lightning.pytorch.callbacks_factory", "pytorch_lightning.callbacks_factory"):
+        (ours,) = [ep for ep in entry_points(group=group) if ep.name == "nemo_throughput"]
+        assert ours.value == "nemo_throughput.adapters.hydra:callbacks_factory"
+
+
+def run_python(*args, python=sys.executable, cwd=None, timeout=180):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([python, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
+def test_a_trainer_that_did_not_ask_gets_no_callback(namespace):
+    result = run_python("-c", f"import {namespace} as pl; t = pl.Trainer(logger=False); "
+                              "print(sorted(type(c).__name__ for c in t.callbacks))")
+    assert result.returncode == 0, result.stderr
+    assert "ThroughputCallback" not in result.stdout
+
+
+def demo_overrides(tmp_path, *extra):
+    return ["-m", "nemo_throughput.demo.train", "trainer.devices=1", "trainer.max_steps=6",
+            "model.global_batch_size=4", "model.num_layers=1", f"exp_manager.exp_dir={tmp_path}",
+            f"hydra.run.dir={tmp_path}", *extra]
+
+
+@pytest.mark.slow
+def test_misspelt_keys_fail_at_start_up_with_the_valid_keys(tmp_path):
+    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput", "+callbacks.throughput.log_every=3"))
+    assert result.returncode != 0
+    assert "Unknown throughput setting(s) ['log_every']; valid keys: ['log_every_n_steps'" in result.stderr
+    assert "Trainer" not in result.stderr  # it failed before any training was set up
+    # without the +, Hydra itself refuses the key
+    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput", "callbacks.throughput.log_every=3"))
+    assert result.returncode != 0 and "log_every" in result.stderr
+
+
+@pytest.mark.slow
+def test_debug_variant_writes_every_step(tmp_path):
+    out = tmp_path / "throughput"
+    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput_debug", "callbacks.throughput.warmup_steps=2",
+                                        f"callbacks.throughput.output_dir={out}"))
+    assert result.returncode == 0, result.stderr
+    assert len((out / "steps.jsonl").read_text().splitlines()) == 6
+    assert json.loads((out / "summary.json").read_text())["timing"]["steps_measured"] == 4
+
+
+@pytest.mark.slow
+def test_the_built_wheel_works_on_its_own(tmp_path):
+    """Build the wheel, install it where the editable install cannot be seen, and run the demo."""
+    dist = tmp_path / "dist"
+    built = run_python("-m", "pip", "wheel", "--no-deps", "--quiet", "-w", dist, str(REPO), timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = dist.glob("nemo_throughput-*.whl")
+    target = tmp_path / "site"
+    installed = run_python("-m", "pip", "install", "--no-deps", "--quiet", "--target", target, wheel)
+    assert installed.returncode == 0, installed.stderr
+    assert (target / "nemo_throughput" / "conf" / "callbacks" / "throughput.yaml").is_file()
+    assert (target / "hydra_plugins" / "nemo_throughput_searchpath" / "__init__.py").is_file()
+
+    # A bare interpreter that sees the wheel first and this venv's dependencies, but not the
+    # venv's .pth files (so not the editable install of the repository).
+    isolated = tmp_path / "venv"
+    venv.create(isolated, with_pip=False)
+    site_packages = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    (next(isolated.glob("lib/python*/site-packages")) / "paths.pth").write_text(f"{target}\n{site_packages}\n")
+    python = isolated / "bin" / "python"
+    where = run_python("-c", "import nemo_throughput; print(nemo_throughput.__file__)", python=python, cwd=tmp_path)
+    assert where.stdout.startswith(str(target)), where.stdout + where.stderr
+
+    out = tmp_path / "run"
+    result = run_python(*demo_overrides(out, "+callbacks=throughput", f"callbacks.throughput.output_dir={out}",
+                                        "callbacks.throughput.warmup_steps=1"), python=python, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
