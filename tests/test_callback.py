@@ -90,6 +90,16 @@ def plain_lm(namespace="pytorch_lightning"):
     return pl, PlainLM()
 
 
+def test_megatron_style_one_training_step_is_one_global_batch(tmp_path, quiet_trainer_kwargs):
+    """Under NeMo's Megatron strategy Lightning sees one training_step per global batch (it runs
+    the micro-batches itself), so the batch comes from the config, not from Lightning's counters."""
+    cfg = tiny_gpt_cfg(global_batch_size=8, micro_batch_size=2)  # 4 micro-batches inside each step
+    _, summary = fit_demo(tmp_path, quiet_trainer_kwargs, cfg=cfg, steps=6, accumulate=1, warmup_steps=1)
+    assert summary["batch"]["global_batch_size"] == 8 and summary["batch"]["tokens_per_step"] == 8 * 16
+    assert summary["timing"]["steps_measured"] == 5
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(8 * 16 / summary["timing"]["step_time_s"]["mean"])
+
+
 @pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
 def test_works_in_either_lightning_namespace_with_explicit_settings(namespace, tmp_path, quiet_trainer_kwargs):
     pl, model = plain_lm(namespace)

@@ -98,6 +98,7 @@ class ThroughputCallback(*_callback_bases()):
         if self.facts is None:
             return
         self._last_step = trainer.global_step
+        self._in_flight, self._done = None, False
         self.stats = RunStats(trainer.world_size, self.config.warmup_steps, start_step=trainer.global_step)
         self._timer = StepTimer(clock_for(trainer.strategy.root_device))
         self._write_summary("running")
