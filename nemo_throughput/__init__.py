@@ -23,6 +23,7 @@ __all__ = [
     "ThroughputConfig",
     "Workload",
     "mfu",
+    "nemo_callback",
     "model_flops_per_sample",
     "peak_tflops",
     "read_summary",
@@ -36,6 +37,10 @@ def __getattr__(name: str):
         from nemo_throughput.adapters.lightning import ThroughputCallback
 
         return ThroughputCallback
+    if name == "nemo_callback":
+        from nemo_throughput.adapters.nemo import nemo_callback
+
+        return nemo_callback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -1,4 +1,5 @@
-"""Read model shape, batch and parallel layout from the config objects a model already carries.
+"""NeMo adapter: read model shape, batch and parallel layout from the config objects a model
+already carries, and hand NeMo 2 / NeMo-Run the callback as a ``run.Config`` (:func:`nemo_callback`).
 
 Two sources are understood, both duck-typed so that neither NeMo nor megatron-core is imported:
 
@@ -11,9 +12,15 @@ Two sources are understood, both duck-typed so that neither NeMo nor megatron-co
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from nemo_throughput.config import ThroughputConfig
 
 _GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
 _SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_query_groups",
@@ -24,6 +31,7 @@ _PARALLEL_KEYS = {
     "pipeline": "pipeline_model_parallel_size",
     "context": "context_parallel_size",
     "virtual_pipeline": "virtual_pipeline_model_parallel_size",
+    "expert": "expert_model_parallel_size",
 }
 
 
@@ -83,10 +91,12 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
     seq_length = _get(datamodule, "seq_length") or _get(config, "seq_length")
     if seq_length:
         spec["seq_length"] = seq_length
-    vocab = getattr(pl_module, "padded_vocab_size", None)
-    if not vocab and _get(config, "vocab_size"):
-        divisible_by = _get(config, "make_vocab_size_divisible_by") or 1
-        vocab = padded_vocab_size(_get(config, "vocab_size"), divisible_by, parallel.get("tensor", 1))
+    # As NeMo 2's GPTConfig does: a preset vocab_size is used as is, else the tokenizer's is padded.
+    vocab = getattr(pl_module, "padded_vocab_size", None) or _get(config, "vocab_size")
+    tokenizer = getattr(pl_module, "tokenizer", None) or _get(datamodule, "tokenizer")
+    if not vocab and _get(tokenizer, "vocab_size"):
+        divisible_by = _get(config, "make_vocab_size_divisible_by") or 128
+        vocab = padded_vocab_size(_get(tokenizer, "vocab_size"), divisible_by, parallel.get("tensor", 1))
     if vocab:
         spec["vocab_size"] = vocab
     return ModuleFacts(
@@ -122,3 +132,36 @@ def _get(obj: Any, key: str) -> Any:
         return getattr(obj, key, None)
     except Exception:  # noqa: BLE001 - DictConfig raises on missing keys in struct mode
         return None
+
+
+def nemo_callback(**settings: Any) -> Any:
+    """``run.Config(ThroughputCallback, ...)`` for NeMo 2 recipes and the NeMo-Run CLI.
+
+    Python: ``recipe.trainer.callbacks.append(nemo_callback(log_every_n_steps=20))``.
+    CLI: ``nemo llm pretrain --factory llama3_8b 'trainer.callbacks+=[nemo_throughput.nemo_callback()]'``.
+    Keyword arguments are ThroughputConfig's fields; a misspelt one fails here, before submission.
+    """
+    import nemo_run as run
+
+    from nemo_throughput.adapters.lightning import ThroughputCallback
+
+    ThroughputConfig.from_mapping(settings)
+    return run.Config(ThroughputCallback, **settings)
+
+
+def _settings_signature() -> inspect.Signature:
+    """Every ThroughputConfig field as a keyword parameter: NeMo-Run's CLI parses `name=value`
+    against the factory's signature, and reads `Optional[X]` where Python 3.10 writes `X | None`."""
+
+    def for_nemo_run(hint: Any) -> Any:
+        return typing.Union[typing.get_args(hint)] if isinstance(hint, types.UnionType) else hint  # noqa: UP007
+
+    hints = typing.get_type_hints(ThroughputConfig)
+    return inspect.Signature([
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                          annotation=for_nemo_run(hints[f.name]))
+        for f in dataclasses.fields(ThroughputConfig)
+    ])
+
+
+nemo_callback.__signature__ = _settings_signature()

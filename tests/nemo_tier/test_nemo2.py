@@ -1,0 +1,97 @@
+"""NeMo 2: a real recipe with `nemo_callback(...)` appended, `llm.pretrain` up to the GPU it
+lacks, NeMo's MegatronStrategy layout, and the NeMo-Run CLI in --dryrun."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nemo_scripts import run_nemo_script
+
+from nemo_throughput import ThroughputCallback, nemo_callback
+
+
+def test_recipe_trainer_holds_exactly_one_callback_with_its_settings():
+    import fiddle as fdl
+    from nemo.collections import llm
+
+    recipe = llm.llama3_8b.pretrain_recipe(name="t", num_nodes=1, num_gpus_per_node=1)
+    recipe.trainer.callbacks.append(nemo_callback(log_every_n_steps=20, flops_formula="dgxc"))
+    recipe.trainer.accelerator = "cpu"  # building a GPU trainer on a CPU machine fails
+    trainer = fdl.build(recipe.trainer)
+    ours = [c for c in trainer.callbacks if isinstance(c, ThroughputCallback)]
+    assert len(ours) == 1
+    assert ours[0].config.log_every_n_steps == 20 and ours[0].config.flops_formula == "dgxc"
+
+
+def test_nemo_callback_rejects_a_misspelt_setting():
+    with pytest.raises(ValueError, match=r"Unknown throughput setting\(s\) \['log_every'\]"):
+        nemo_callback(log_every=5)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_llm_pretrain_callback_reads_shape_batch_and_precision_from_nemo(tmp_path, fp8):
+    args = ["llama3_8b", "--log-dir", tmp_path] + (["--fp8"] if fp8 else [])
+    result, record = run_nemo_script("nemo2_pretrain.py", *args, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CUDA" in result.stdout  # it went as far as building the model
+    assert record["callbacks"].count("ThroughputCallback") == 1
+    (facts,) = record["facts"]
+    assert facts["environment"]["model_config_source"] == "megatron config"
+    spec = facts["model_spec"]
+    # Llama3Config8B shrunk in the recipe: SwiGLU and GQA come from NeMo's config class;
+    # the NullTokenizer's 1001 tokens (1000 + EOD) padded by 128 as NeMo pads them
+    assert (spec["num_layers"], spec["hidden_size"], spec["num_attention_heads"], spec["num_query_groups"],
+            spec["ffn_hidden_size"], spec["gated_linear_unit"], spec["seq_length"], spec["vocab_size"]) == (
+        2, 64, 4, 2, 160, True, 128, 1024)
+    assert (facts["global_batch_size"], facts["micro_batch_size"]) == (8, 2)  # from the data module
+    assert facts["dtype"] == ("fp8" if fp8 else "bf16")
+    assert facts["label"] == "nemo2-recipe"
+
+
+def test_megatron_strategy_layout_is_recorded(tmp_path):
+    """Lightning's fit first connects the model to NeMo's strategy, then calls callbacks' setup.
+
+    (32 CPU processes are not launched here; the layout needs no data module, so the batch and
+    vocabulary are given.)"""
+    import fiddle as fdl
+    from nemo.collections import llm
+
+    recipe = llm.llama3_70b.pretrain_recipe(name="t", dir=str(tmp_path), num_nodes=4, num_gpus_per_node=8)
+    recipe.trainer.accelerator = "cpu"
+    recipe.model.config.apply_rope_fusion = False
+    trainer = fdl.build(recipe.trainer)
+    model = fdl.build(recipe.model)
+    strategy = trainer.strategy
+    callback = ThroughputCallback(model_spec={"vocab_size": 128256}, global_batch_size=128, output_dir=str(tmp_path))
+    strategy.connect(model)
+    callback.setup(trainer, model, "fit")
+    layout = (strategy.tensor_model_parallel_size, strategy.pipeline_model_parallel_size,
+              strategy.context_parallel_size, strategy.virtual_pipeline_model_parallel_size)
+    assert layout == (4, 4, 2, 5)  # the recipe's own choice for 32 GPUs
+    assert callback.facts.parallel == {"data": 1, "tensor": 4, "pipeline": 4, "context": 2,
+                                       "virtual_pipeline": 5, "expert": 1}
+    assert callback.facts.num_gpus == 32 and callback.facts.num_nodes == 4
+    assert callback.facts.model_spec.num_layers == 80 and callback.facts.dtype == "bf16"
+
+
+def nemo_cli(*args, cwd):
+    nemo = Path(sys.executable).parent / "nemo"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    return subprocess.run([nemo, "llm", "pretrain", "--factory", "llama3_8b", *args, "--dryrun", "-y"],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_nemo_run_cli_dryrun_appends_the_callback(tmp_path):
+    result = nemo_cli("trainer.callbacks+=[nemo_throughput.nemo_callback(log_every_n_steps=5, "
+                      "run_label=kubernetes)]", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = " ".join(result.stdout.replace("│", " ").split())
+    assert "callbacks=[TimingCallback(), ThroughputCallback(log_every_n_steps=5, run_label='kubernetes')]" in shown
+
+
+def test_nemo_run_cli_rejects_a_misspelt_setting(tmp_path):
+    result = nemo_cli("trainer.callbacks+=[nemo_throughput.nemo_callback(log_every=5)]", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "No parameter named 'log_every'" in result.stdout + result.stderr
