@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.launch.command import add_launch_parser, run_launch
 from nemo_throughput.summary import read_summary
 
 
@@ -29,9 +30,15 @@ def main(argv: list[str] | None = None) -> int:
                       help="where the summary goes (default ./nemo_throughput_runs/demo-<time>)")
     demo.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.num_layers=4")
 
-    args = parser.parse_args(argv)
+    add_launch_parser(commands)
+
+    args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return run_demo(args.devices, args.steps, args.output_dir, args.overrides)
+    if args.command == "launch":
+        return run_launch(args, rest)
     return 2
 
 

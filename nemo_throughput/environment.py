@@ -1,4 +1,5 @@
-"""Where and with what a run ran: orchestrator, job, hosts and library versions."""
+"""Where and with what a run ran: orchestrator, job, nodes, container, communication settings,
+library versions. Collected once at set-up (one small gather over ranks), never per step."""
 
 from __future__ import annotations
 
@@ -8,13 +9,29 @@ import socket
 import sys
 from collections.abc import Mapping
 from importlib import metadata
+from typing import Any
 
 import torch
 
 ORCHESTRATORS = ("slurm", "kubernetes", "torchrun", "local")
 
-_PACKAGES = ("torch", "lightning", "pytorch-lightning", "nemo-toolkit", "megatron-core",
-             "hydra-core", "nemo-throughput")
+# Set by the launchers (nemo-throughput launch / launchers/): they name what the job cannot see.
+ENV_OUTPUT_DIR = "NEMO_THROUGHPUT_OUTPUT_DIR"  # where the summary goes (per job and repeat)
+ENV_RUN_LABEL = "NEMO_THROUGHPUT_RUN_LABEL"  # run.label, e.g. bare-metal or kubernetes
+ENV_IMAGE = "NEMO_THROUGHPUT_IMAGE"  # the container image the job runs in
+ENV_REPEAT = "NEMO_THROUGHPUT_REPEAT"  # which of --repeat K identical runs this is
+
+_PACKAGES = ("torch", "lightning", "pytorch-lightning", "nemo-toolkit", "megatron-core", "nemo-run",
+             "transformer-engine", "hydra-core", "nemo-throughput")
+_JOB_KEYS = {
+    "slurm": ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS",
+              "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT",
+              "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"),
+    "kubernetes": ("JOB_NAME", "POD_NAMESPACE", "PET_NNODES", "PET_NPROC_PER_NODE", "WORLD_SIZE"),
+    "torchrun": ("TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+    "local": (),
+}
+_COMMUNICATION_PREFIXES = ("NCCL_", "UCX_", "GLOO_", "TORCH_NCCL_")
 
 
 def detect_orchestrator(env: Mapping[str, str] = os.environ) -> str:
@@ -30,14 +47,33 @@ def detect_orchestrator(env: Mapping[str, str] = os.environ) -> str:
 
 def job_details(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The orchestrator's own identifiers for this job, as far as the environment tells."""
-    keys = {
-        "slurm": ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES",
-                  "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"),
-        "kubernetes": ("POD_NAME", "NODE_NAME", "POD_NAMESPACE", "HOSTNAME", "PET_NNODES", "PET_NPROC_PER_NODE"),
-        "torchrun": ("TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"),
-        "local": (),
-    }[detect_orchestrator(env)]
-    return {key.lower(): env[key] for key in keys if key in env}
+    details = {key.lower(): env[key] for key in _JOB_KEYS[detect_orchestrator(env)] if key in env}
+    if ENV_REPEAT in env:
+        details["repeat"] = env[ENV_REPEAT]
+    return details
+
+
+def node_name(env: Mapping[str, str] = os.environ) -> str:
+    """The node this process runs on as the orchestrator names it (Slurm node, Kubernetes node)."""
+    return env.get("SLURMD_NODENAME") or env.get("NODE_NAME") or socket.gethostname()
+
+
+def rank_record(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """What one rank contributes at set-up; only the first rank of each node is kept."""
+    return {
+        "node": node_name(env),
+        "pod": env.get("POD_NAME"),
+        "local_rank": int(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0),
+        "communication_env": {k: v for k, v in sorted(env.items()) if k.startswith(_COMMUNICATION_PREFIXES)},
+    }
+
+
+def gpus_per_node(env: Mapping[str, str] = os.environ) -> int | None:
+    for key in ("LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE", "SLURM_NTASKS_PER_NODE"):
+        value = env.get(key, "")
+        if value.split("(")[0].isdigit():  # Slurm writes e.g. "8(x2)"
+            return int(value.split("(")[0])
+    return torch.cuda.device_count() or None
 
 
 def library_versions() -> dict[str, str]:
@@ -54,14 +90,22 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def capture(hostnames: list[str] | None = None) -> dict[str, object]:
-    """The ``environment`` section of a summary; ``hostnames`` lists the host of every rank."""
-    orchestrator = detect_orchestrator()
+def capture(rank_records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``environment`` section of a summary from every rank's :func:`rank_record` (rank order)."""
+    records = rank_records or [rank_record()]
+    nodes: dict[str, dict[str, Any]] = {}
+    for rank, record in enumerate(records):
+        node = nodes.setdefault(record["node"], {"name": record["node"], "ranks": [], "pods": [],
+                                                 "communication_env": record["communication_env"]})
+        node["ranks"].append(rank)
+        if record["pod"] and record["pod"] not in node["pods"]:
+            node["pods"].append(record["pod"])
     return {
-        "orchestrator": orchestrator,
+        "orchestrator": detect_orchestrator(),
         "job": job_details(),
-        "hostname": socket.gethostname(),
-        "rank_hostnames": hostnames or [socket.gethostname()],
+        "container_image": os.environ.get(ENV_IMAGE),
+        "gpus_per_node": gpus_per_node(),
+        "nodes": list(nodes.values()),
         "command": " ".join(sys.argv),
         "versions": library_versions(),
     }

@@ -106,6 +106,7 @@ def test_the_built_wheel_works_on_its_own(tmp_path):
     assert installed.returncode == 0, installed.stderr
     assert (target / "nemo_throughput" / "conf" / "callbacks" / "throughput.yaml").is_file()
     assert (target / "hydra_plugins" / "nemo_throughput_searchpath" / "__init__.py").is_file()
+    assert (target / "nemo_throughput" / "launchers" / "slurm" / "benchmark.sbatch").is_file()
 
     # A bare interpreter that sees the wheel first and this venv's dependencies, but not the
     # venv's .pth files (so not the editable install of the repository).

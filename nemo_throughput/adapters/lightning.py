@@ -15,7 +15,6 @@ import contextlib
 import importlib
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -76,7 +75,8 @@ class ThroughputCallback(*_callback_bases()):
         self._rank = trainer.global_rank
         with _warnings_on_rank_zero(self._rank):
             self.facts = describe_run(self.config, trainer, pl_module)
-        self.output_dir = self.config.output_dir or os.path.join(trainer.log_dir or os.getcwd(), "throughput")
+        self.output_dir = (self.config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR)
+                           or os.path.join(trainer.log_dir or os.getcwd(), "throughput"))
         self._exchange = Exchange()
 
     def _deduplicate(self, trainer: Any) -> bool:
@@ -222,7 +222,7 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunF
     started = datetime.now(timezone.utc)
     return RunFacts(
         name=config.run_name or f"{model_name}_{trainer.num_nodes}n{world_size}g_{started:%Y%m%dT%H%M%SZ}",
-        label=config.run_label or orchestrator,
+        label=config.run_label or os.environ.get(environment.ENV_RUN_LABEL) or orchestrator,
         global_batch_size=global_batch_size,
         micro_batch_size=micro_batch_size,
         seq_length=spec.seq_length,
@@ -237,7 +237,7 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunF
         peak_tflops=peak,
         peak_source=peak_source,
         parallel={"data": data_parallel, "tensor": 1, "pipeline": 1, "context": 1, **module.parallel},
-        environment={**environment.capture(_rank_hostnames()), "model_config_source": module.source},
+        environment={**environment.capture(_gather_rank_records()), "model_config_source": module.source},
         settings=config.to_dict(),
         started_at=started.isoformat(timespec="seconds"),
     )
@@ -273,13 +273,14 @@ def _warnings_on_rank_zero(rank: int) -> Iterator[None]:
         package_log.setLevel(level)
 
 
-def _rank_hostnames() -> list[str] | None:
-    """Every rank's host name, gathered once at set-up (one small blocking collective)."""
+def _gather_rank_records() -> list[dict[str, Any]]:
+    """Every rank's node and communication settings, gathered once at set-up (one small collective)."""
+    record = environment.rank_record()
     if not (dist.is_available() and dist.is_initialized()):
-        return None
-    names: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(names, socket.gethostname())
-    return names
+        return [record]
+    records: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(records, record)
+    return records
 
 
 def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:

@@ -4,6 +4,7 @@ hydra_runner and MegatronTrainerBuilder, and the real MegatronGPTModel's config.
 from pathlib import Path
 
 import pytest
+
 from nemo_scripts import run_nemo_script
 
 SCRIPT = "megatron_gpt_pretraining.py"

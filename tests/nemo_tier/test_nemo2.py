@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from nemo_scripts import run_nemo_script
 
+from nemo_scripts import run_nemo_script
 from nemo_throughput import ThroughputCallback, nemo_callback
 
 

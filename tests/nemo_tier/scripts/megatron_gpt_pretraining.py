@@ -29,9 +29,9 @@ from nemo.collections.nlp.modules.common.megatron import build_model
 from nemo.collections.nlp.parts import nlp_overrides
 from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
 from nemo.core.config import hydra_runner
-from probe import dump, set_up_throughput_callbacks
 
 from nemo_throughput import ThroughputCallback
+from probe import dump, set_up_throughput_callbacks
 
 
 def cpu_workarounds() -> None:

@@ -16,9 +16,9 @@ import fiddle as fdl
 import nemo_run as run
 from nemo.collections import llm
 from nemo.collections.common.tokenizers.null_tokenizer import NullTokenizer
-from probe import dump
 
 from nemo_throughput import nemo_callback
+from probe import dump
 
 
 def main(recipe_name: str, fp8: bool, log_dir: str) -> None:

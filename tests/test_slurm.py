@@ -1,0 +1,56 @@
+"""`nemo-throughput launch slurm --submit` on a real Slurm cluster: two emulated nodes on this host."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import read_json
+from slurm_cluster import LocalSlurmCluster, missing_reason
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = missing_reason()
+    if reason:
+        if os.environ.get("NEMO_THROUGHPUT_REQUIRE_SLURM"):
+            pytest.fail(f"the Slurm tests are required here: {reason}")
+        pytest.skip(reason)
+    cluster = LocalSlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2, gpus_per_node=2)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def test_demo_across_two_nodes_through_the_generated_sbatch(cluster, tmp_path):
+    bin_dir = Path(sys.executable).parent
+    env = {**cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}"}  # `python` in the job is this venv's
+    command = ["python", "-m", "nemo_throughput.demo.train", "+callbacks=throughput", "trainer.devices=1",
+               "trainer.num_nodes=2", "trainer.max_steps=8", "callbacks.throughput.warmup_steps=2",
+               "callbacks.throughput.log_every_n_steps=4", f"exp_manager.exp_dir={tmp_path / 'exp'}"]
+    result = subprocess.run([bin_dir / "nemo-throughput", "launch", "slurm", "--nodes", "2", "--gpus-per-node", "1",
+                             "--repeat", "2", "--label", "bare-metal", "--time", "10", "--results-dir", "runs",
+                             "--submit", "--", *command], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    job_id = re.search(r"submitted: job (\d+)", result.stdout).group(1)
+    state = cluster.wait_for_job(job_id, timeout_s=300)
+    log = tmp_path / "runs" / f"slurm-{job_id}.out"
+    assert state == "COMPLETED", (log.read_text() if log.exists() else "") + cluster.logs()
+
+    for repeat in (1, 2):
+        summary = read_json(tmp_path / "runs" / job_id / f"repeat-{repeat}" / "summary.json")
+        environment = summary["environment"]
+        assert summary["status"] == "completed" and summary["run"]["label"] == "bare-metal"
+        assert environment["orchestrator"] == "slurm"
+        assert environment["job"]["slurm_job_id"] == job_id and environment["job"]["repeat"] == str(repeat)
+        assert environment["job"]["slurm_job_nodelist"] == "node[01-02]"
+        assert [(node["name"], node["ranks"]) for node in environment["nodes"]] == [("node01", [0]), ("node02", [1])]
+        assert environment["gpus_per_node"] == 1
+        assert summary["hardware"]["num_nodes"] == 2 and summary["hardware"]["num_gpus"] == 2
+        assert summary["parallel"]["data"] == 2 and summary["timing"]["steps_measured"] == 6
+    assert "repeat 2 of 2 on node[01-02]" in log.read_text()
