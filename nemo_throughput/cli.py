@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.launch.command import add_launch_parser, run_launch
+from nemo_throughput.report.command import add_report_parsers, run_import, run_report
 from nemo_throughput.summary import read_summary
 
 
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.num_layers=4")
 
     add_launch_parser(commands)
+    add_report_parsers(commands)
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
@@ -39,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args.devices, args.steps, args.output_dir, args.overrides)
     if args.command == "launch":
         return run_launch(args, rest)
-    return 2
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return run_report(args) if args.command == "report" else run_import(args)
 
 
 def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[str]) -> int:

@@ -43,6 +43,7 @@ class RunFacts:
     environment: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     started_at: str = field(default_factory=lambda: now_iso())
+    source: str = "callback"  # or "import:<log format>"
 
     @property
     def workload(self) -> Workload:
@@ -67,6 +68,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "run": {
             "name": facts.name,
             "label": facts.label,
+            "source": facts.source,
             "started_at": facts.started_at,
             "updated_at": now_iso(),
         },

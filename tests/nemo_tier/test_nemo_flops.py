@@ -16,6 +16,7 @@ from nemo.utils.flops_formulas import FLOPSConfig
 
 from nemo_throughput.adapters.nemo import read_module
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.presets import NEMO_CONFIGS, PRESETS
 
 GBS = 128
 
@@ -75,3 +76,20 @@ def test_nemo_generic_transformer_formula():
     missing_gemm = GBS * llama.seq_length * llama.num_layers * 6 * llama.hidden_size * llama.ffn
     assert GBS * model_flops_per_sample(llama) - flops_formulas.transformer(config) == pytest.approx(
         missing_gemm, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_import_presets_match_nemo_config_classes(name):
+    config_class = getattr(llm, NEMO_CONFIGS[name])
+    try:
+        config = config_class(apply_rope_fusion=False)
+    except TypeError:  # configs without RoPE
+        config = config_class()
+    ours = PRESETS[name]
+    assert (ours.num_layers, ours.hidden_size, ours.num_attention_heads, ours.groups, ours.ffn, ours.head_dim,
+            ours.gated_linear_unit, ours.seq_length, ours.num_moe_experts) == (
+        config.num_layers, config.hidden_size, config.num_attention_heads, config.num_query_groups,
+        config.ffn_hidden_size, config.kv_channels, config.gated_linear_unit, config.seq_length,
+        config.num_moe_experts)
+    if ours.num_moe_experts:
+        assert (ours.moe_router_topk, ours.moe_ffn_hidden_size) == (config.moe_router_topk, config.moe_ffn_hidden_size)

@@ -1,0 +1,1 @@
+"""Report: many run summaries -> scaling and comparison tables and plots; logs -> summaries."""

@@ -1,0 +1,298 @@
+"""`nemo-throughput report` from summaries whose numbers are known, end to end with plots, and
+`nemo-throughput import` of NeMo, Megatron-LM and TensorBoard logs written here in their formats."""
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_throughput.aggregation import RunStats
+from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.report.runs import ReportError, Window, load_run
+from nemo_throughput.report.tables import build_report, render
+from nemo_throughput.summary import RunFacts, build_summary, write_json_atomic
+from nemo_throughput.timing import StepTimes
+
+SMALL = ModelSpec(num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=2048, vocab_size=51200)
+LARGE = ModelSpec(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048, vocab_size=51200)
+H100 = 989.5
+
+
+def write_run(path: Path, *, label: str, model: str = "gpt3-126m", spec: ModelSpec = SMALL, nodes: int = 1,
+              gbs: int = 128, step_times: list[float], status: str = "completed", per_step: bool = False) -> Path:
+    """A summary through the real RunFacts/RunStats/build_summary path, with the given step times."""
+    facts = RunFacts(name=path.parent.name, label=label, global_batch_size=gbs, micro_batch_size=1,
+                     seq_length=spec.seq_length, model_name=model, model_spec=spec, flops_formula="megatron",
+                     flops_per_sample=model_flops_per_sample(spec), gpu_name="NVIDIA H100 80GB HBM3",
+                     num_gpus=8 * nodes, num_nodes=nodes, dtype="bf16", peak_tflops=H100, peak_source="table:H100 SXM")
+    stats = RunStats(world_size=1, warmup_steps=0)
+    stats.add([[StepTimes(i + 1, t) for i, t in enumerate(step_times)]])
+    write_json_atomic(path, build_summary(facts, stats, status))
+    if per_step:
+        lines = [json.dumps({"step": i + 1, "warmup": False, "step_time_s": t, "ranks": []})
+                 for i, t in enumerate(step_times)]
+        (path.parent / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tokens(gbs: int, step_s: float, seq: int = 2048) -> float:
+    return gbs * seq / step_s
+
+
+def test_scaling_columns_from_known_numbers(tmp_path):
+    # weak scaling: 128 samples per node; step times 1.00, 1.05, 1.20 s
+    runs = [load_run(write_run(tmp_path / f"n{n}" / "summary.json", label="bare-metal", nodes=n, gbs=128 * n,
+                               step_times=[s, s]))
+            for n, s in ((1, 1.0), (2, 1.05), (4, 1.2))]
+    report = build_report(runs, tokens=1e12)
+    one, two, four = report.groups
+    assert [g.num_nodes for g in report.groups] == [1, 2, 4] and [g.num_gpus for g in report.groups] == [8, 16, 32]
+    assert one.tokens_per_s == pytest.approx(tokens(128, 1.0))
+    assert two.linear_factor == pytest.approx(tokens(256, 1.05) / tokens(128, 1.0))  # 1.905
+    assert four.linear_factor == pytest.approx(tokens(512, 1.2) / tokens(128, 1.0))  # 3.333
+    assert (two.perfect_linear_factor, four.perfect_linear_factor) == (2, 4)
+    assert four.perfect_linear_scale == pytest.approx(4 * tokens(128, 1.0))
+    assert four.scaling_efficiency == pytest.approx(tokens(512, 1.2) / tokens(128, 1.0) / 4)
+    assert four.tokens_per_s_per_gpu == pytest.approx(tokens(512, 1.2) / 32)
+    assert four.days_to_train == pytest.approx(1e12 / tokens(512, 1.2) / 86400)
+    flops = model_flops_per_sample(SMALL)
+    assert four.mfu == pytest.approx(512 * flops / 1.2 / 32 / (H100 * 1e12))
+    assert four.model_tflops_per_gpu == pytest.approx(512 * flops / 1.2 / 32 / 1e12)
+    assert (one.runs, one.tokens_per_s_std) == (1, 0.0)
+
+
+def test_repeats_give_mean_and_spread_shown_as_two_sigma(tmp_path):
+    step_times = [1.0, 1.1, 0.95]
+    runs = [load_run(write_run(tmp_path / f"r{i}" / "summary.json", label="slurm", step_times=[s]))
+            for i, s in enumerate(step_times)]
+    (group,) = build_report(runs).groups
+    per_run = [tokens(128, s) for s in step_times]
+    assert group.runs == 3
+    assert group.tokens_per_s == pytest.approx(statistics.fmean(per_run))
+    assert group.tokens_per_s_std == pytest.approx(statistics.stdev(per_run))
+    text = render(build_report(runs), "table")
+    assert f"{statistics.fmean(per_run):,.0f} ± {2 * statistics.stdev(per_run):,.0f}" in text
+
+
+def test_comparison_against_a_baseline_and_its_sign(tmp_path):
+    runs = [load_run(write_run(tmp_path / f"{label}{n}" / "summary.json", label=label, nodes=n, gbs=128 * n,
+                               step_times=[s]))
+            for label, n, s in (("bare-metal", 1, 1.0), ("bare-metal", 2, 1.0), ("kubernetes", 1, 1.04),
+                                ("kubernetes", 2, 0.98))]
+    report = build_report(runs, baseline="bare-metal")
+    slower, faster = report.comparisons
+    assert (slower.num_nodes, slower.baseline, slower.other) == (1, "bare-metal", "kubernetes")
+    assert slower.diff_pct == pytest.approx(100 * (tokens(128, 1.0) - tokens(128, 1.04)) / tokens(128, 1.0))
+    assert slower.diff_pct > 0 > faster.diff_pct  # positive: the other environment is slower
+    text = render(report, "table")
+    assert "positive when the other environment is slower" in text and f"{slower.diff_pct:+.2f}" in text
+    data = json.loads(render(report, "json"))
+    assert set(data) >= {"groups", "comparisons"}
+    assert set(data["groups"][0]) >= {"label", "model", "num_nodes", "num_gpus", "runs", "tokens_per_s",
+                                      "tokens_per_s_std", "linear_factor", "perfect_linear_factor",
+                                      "perfect_linear_scale", "scaling_efficiency", "mfu", "days_to_train"}
+    assert set(data["comparisons"][0]) >= {"model", "num_nodes", "baseline", "other", "diff_pct"}
+    csv_text = render(report, "csv")
+    assert csv_text.splitlines()[0].startswith("label,model,num_nodes,num_gpus,runs,tokens_per_s")
+    assert "model,num_nodes,num_gpus,baseline,other" in csv_text
+    assert render(report, "markdown").startswith("| label | model | nodes |")
+
+
+def report_cli(*args, cwd=None):
+    cli = Path(sys.executable).parent / "nemo-throughput"
+    return subprocess.run([cli, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.mark.slow
+def test_whitepaper_campaign_end_to_end(tmp_path):
+    """Two environments x 1/2/4 nodes x two model sizes x two repeats, tables and plots."""
+    slowdown = {"bare-metal": 1.0, "kubernetes": 1.03}
+    for label, factor in slowdown.items():
+        for model, spec, base in (("gpt3-126m", SMALL, 0.30), ("gpt3-1.3b", LARGE, 1.6)):
+            for nodes in (1, 2, 4):
+                for repeat in (1, 2):
+                    step = base * factor * (1 + 0.04 * (nodes - 1)) * (1 + 0.01 * repeat)
+                    write_run(tmp_path / "runs" / label / model / f"{nodes}n" / f"r{repeat}" / "summary.json",
+                              label=label, model=model, spec=spec, nodes=nodes, gbs=64 * nodes, step_times=[step])
+    plot = tmp_path / "scaling.png"
+    result = report_cli("report", tmp_path / "runs", "--baseline", "bare-metal", "--format", "json", "--plot", plot,
+                        "--tokens", "2e12")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert len(data["groups"]) == 2 * 2 * 3 and all(g["runs"] == 2 for g in data["groups"])
+    assert len(data["comparisons"]) == 2 * 3
+    assert all(c["diff_pct"] == pytest.approx(100 * (1 - 1 / 1.03)) for c in data["comparisons"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 20_000
+    table = report_cli("report", tmp_path / "runs", "--baseline", "bare-metal")
+    assert table.returncode == 0 and "gpt3-1.3b" in table.stdout and "days for 1T tokens" in table.stdout
+
+
+# ---------------------------------------------------------------------------------- bad input
+def test_bad_inputs_name_the_file_and_the_problem(tmp_path):
+    broken = tmp_path / "broken" / "summary.json"
+    broken.parent.mkdir()
+    broken.write_text("{not json")
+    with pytest.raises(ReportError, match="broken/summary.json: not a readable JSON summary"):
+        load_run(broken)
+    old = tmp_path / "old" / "summary.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps({"schema": "nemo-throughput/summary/v0"}))
+    with pytest.raises(ReportError, match="old/summary.json: schema is 'nemo-throughput/summary/v0'"):
+        load_run(old)
+    failed = write_run(tmp_path / "failed" / "summary.json", label="x", step_times=[1.0], status="failed")
+    with pytest.raises(ReportError, match="failed/summary.json: status 'failed': only completed runs"):
+        load_run(failed)
+    no_steps = write_run(tmp_path / "nosteps" / "summary.json", label="x", step_times=[1.0])
+    with pytest.raises(ReportError, match="nosteps/summary.json: --window needs per-step times"):
+        load_run(no_steps, Window.parse("35:45"))
+    per_step = write_run(tmp_path / "ps" / "summary.json", label="x", step_times=[1.0] * 20, per_step=True)
+    with pytest.raises(ReportError, match=r"ps/summary.json: --window 35:45 selects none of its steps \(it has "
+                                          r"steps 1 to 20\)"):
+        load_run(per_step, Window.parse("35:45"))
+    with pytest.raises(ReportError, match="--window 'x:y'"):
+        Window.parse("x:y")
+
+
+def test_incompatible_runs_are_never_averaged_or_compared(tmp_path):
+    a = load_run(write_run(tmp_path / "a" / "summary.json", label="slurm", gbs=128, step_times=[1.0]))
+    b = load_run(write_run(tmp_path / "b" / "summary.json", label="slurm", gbs=256, step_times=[1.0]))
+    with pytest.raises(ReportError, match=r"runs of slurm / gpt3-126m / 1 nodes differ in their set-up and cannot "
+                                          r"be averaged:\n  .*a/summary.json: global batch 128.*\n  .*b/summary.json: "
+                                          r"global batch 256"):
+        build_report([a, b])
+    c = load_run(write_run(tmp_path / "c" / "summary.json", label="kubernetes", gbs=256, step_times=[1.0]))
+    with pytest.raises(ReportError, match="gpt3-126m at 1 nodes under 'slurm' and 'kubernetes' differ"):
+        build_report([a, c], baseline="slurm")
+    other_model = load_run(write_run(tmp_path / "d" / "summary.json", label="slurm", spec=LARGE, step_times=[1.0]))
+    with pytest.raises(ReportError, match="FLOPs per sample"):  # same name, another shape
+        build_report([a, other_model])
+    with pytest.raises(ReportError, match=r"--baseline 'bare-metal' is not a label of these runs; their labels are "
+                                          r"\['slurm'\]"):
+        build_report([a], baseline="bare-metal")
+
+
+def test_the_cli_reports_what_it_left_out(tmp_path):
+    write_run(tmp_path / "ok" / "summary.json", label="slurm", step_times=[1.0])
+    write_run(tmp_path / "failed" / "summary.json", label="slurm", step_times=[1.0], status="interrupted")
+    result = report_cli("report", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "excluded:" in result.stderr and "status 'interrupted'" in result.stderr
+    assert report_cli("report", tmp_path / "nothing").stderr.endswith("no such file or directory\n")
+
+
+def test_window_recomputes_from_per_step_times(tmp_path):
+    times = [5.0] * 10 + [1.0] * 10 + [2.0] * 10  # steps 1-30
+    path = write_run(tmp_path / "w" / "summary.json", label="x", step_times=times, per_step=True)
+    assert load_run(path, Window.parse("11:21")).step_time_s == 1.0
+    assert load_run(path, Window.parse("-10:")).step_time_s == 2.0
+    assert load_run(path, Window.parse("last")).step_time_s == 2.0
+    run = load_run(path, Window.parse("11:"))
+    assert (run.step_time_s, run.steps_counted, run.window) == (1.5, 20, "11:")
+
+
+# ---------------------------------------------------------------------------------- import
+NEMO1_LOG = "".join(  # tqdm progress bar as NeMo 1.x prints it into a Slurm .out: \r between refreshes
+    f"Epoch 0: :  {s}%|          | {s + 1}/50 [00:{s:02d}<00:30, reduced_train_loss=10.{s:02d}, global_step={s}.000, "
+    f"consumed_samples={128 * (s + 1)}.0, train_step_timing in s={3.0 + (0.5 if s < 10 else 0.01 * (s % 3)):.3f}]\r"
+    for s in range(50)) + "\n`Trainer.fit` stopped: `max_steps=50` reached.\n"
+NEMO2_LOG = "\n".join(  # NeMo 2's ProgressPrinter
+    f"Training epoch 0, iteration {s}/49 | lr: 0.0003 | global_batch_size: 256 | global_step: {s} | "
+    f"reduced_train_loss: 9.{s:02d} | train_step_timing in s: {2.0 if s < 35 else 2.5} | "
+    f"consumed_samples: {256 * (s + 1)}" for s in range(50)) + "\n"
+MEGATRON_LOG = "\n".join(
+    f" [2026-11-20 10:00:{s % 60:02d}.000000] iteration {s:8d}/{50:8d} | consumed samples: {128 * s:12d} | "
+    f"elapsed time per iteration (ms): {1500.0 + s:.1f} | throughput per GPU (TFLOP/s/GPU): 400.1 | "
+    f"learning rate: 3.000000E-04 | global batch size:   128 | lm loss: 8.000000E+00 | loss scale: 1.0 | "
+    f"grad norm: 1.000 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    for s in range(1, 51)) + "\n"
+
+
+def import_cli(log, *extra, tmp_path):
+    out = tmp_path / "imported"
+    result = report_cli("import", log, "--label", "bare-metal", "--model", "gpt3-126m", "--seq-length", "2048",
+                        "--num-gpus", "16", "--output-dir", out, *extra)
+    return result, out
+
+
+def test_import_nemo1_progress_bar_log(tmp_path):
+    log = tmp_path / "slurm-1234.out"
+    log.write_text(NEMO1_LOG)
+    result, out = import_cli(log, "--global-batch-size", "128", "--gpu-name", "NVIDIA H100 80GB HBM3",
+                             "--dtype", "bf16", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "slurm-1234" / "summary.json").read_text())
+    timing = summary["timing"]
+    assert summary["run"]["source"] == "import:nemo" and summary["run"]["label"] == "bare-metal"
+    assert [s[0] for s in timing["steps"]] == list(range(1, 51))  # global_step 0..49 -> steps 1..50
+    assert timing["window"] == "11:" and timing["steps_measured"] == 40  # default: after 10 warm-up steps
+    expected = statistics.fmean(3.0 + 0.01 * (s % 3) for s in range(10, 50))
+    assert timing["step_time_s"]["mean"] == pytest.approx(expected)
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(128 * 2048 / expected)
+    assert summary["hardware"]["num_nodes"] == 2 and summary["throughput"]["mfu"] is not None
+    assert summary["model"]["name"] == "gpt3-126m"
+
+
+def test_import_nemo2_log_with_the_recipe_window(tmp_path):
+    log = tmp_path / "nemo2.log"
+    log.write_text(NEMO2_LOG)
+    result, out = import_cli(log, "--global-batch-size", "256", "--window", "36:46", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    timing = json.loads((out / "nemo2" / "summary.json").read_text())["timing"]
+    assert timing["window"] == "36:46" and timing["steps_measured"] == 10  # iterations 35-44
+    assert timing["step_time_s"]["mean"] == 2.5
+    # and the report can pick another window from the steps kept in the summary
+    run = load_run(out / "nemo2" / "summary.json", Window.parse("1:11"))
+    assert run.step_time_s == 2.0
+
+
+def test_import_megatron_log_reads_the_global_batch_from_it(tmp_path):
+    log = tmp_path / "megatron.log"
+    log.write_text(MEGATRON_LOG)
+    result, out = import_cli(log, "--window", "last", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "megatron" / "summary.json").read_text())
+    assert summary["batch"]["global_batch_size"] == 128
+    assert summary["timing"]["step_time_s"]["mean"] == pytest.approx(1.550)  # iteration 50: 1550 ms
+    wrong, _ = import_cli(log, "--global-batch-size", "256", tmp_path=tmp_path)
+    assert wrong.returncode == 2 and "--global-batch-size 256 but the log says 128" in wrong.stderr
+
+
+def test_import_tensorboard_events_written_by_the_real_writer(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path / "tb" / "version_0")
+    for step in range(30):  # as Lightning's TensorBoardLogger logs NeMo's TimingCallback
+        writer.add_scalar("train_step_timing in s", 4.0 if step < 10 else 1.25, step)
+        writer.add_scalar("reduced_train_loss", 10.0 - step / 10, step)
+    writer.close()
+    result, out = import_cli(tmp_path / "tb", "--global-batch-size", "64", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "tb" / "summary.json").read_text())
+    assert summary["run"]["source"] == "import:tensorboard"
+    assert [s[0] for s in summary["timing"]["steps"]] == list(range(1, 31))
+    assert summary["timing"]["step_time_s"]["mean"] == 1.25  # steps 11-30
+
+
+@pytest.mark.parametrize("content, message", [
+    ("just some text\n", "no step lines: neither NeMo's `train_step_timing in s` nor Megatron-LM's"),
+    ("Epoch 0: train_step_timing in s=3.2 without a step number\n", "no `train_step_timing in s` progress lines "
+                                                                    "with a step number"),
+])
+def test_import_of_a_log_without_step_lines_names_the_file(tmp_path, content, message):
+    log = tmp_path / "job.out"
+    log.write_text(content)
+    result, _ = import_cli(log, "--global-batch-size", "8", tmp_path=tmp_path)
+    assert result.returncode == 2 and "job.out" in result.stderr and message in result.stderr
+
+
+def test_import_needs_the_facts_the_log_lacks(tmp_path):
+    log = tmp_path / "nemo2.log"
+    log.write_text(NEMO2_LOG)
+    result, _ = import_cli(log, tmp_path=tmp_path)  # NeMo logs do not state the global batch
+    assert result.returncode == 2 and "give --global-batch-size" in result.stderr
+    result = report_cli("import", log, "--label", "x", "--model", "gpt5", "--seq-length", "8", "--num-gpus", "8",
+                        "--global-batch-size", "8")
+    assert result.returncode == 2 and "Unknown model preset 'gpt5'" in result.stderr
