@@ -34,6 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     add_launch_parser(commands)
     add_report_parsers(commands)
 
+    bench = commands.add_parser(
+        "bench", help="overhead and accuracy of the callback beside ThroughputMonitor and NeMo's TimingCallback",
+        description="Trains the demo GPT under interleaved conditions and reports, per condition, the median true "
+                    "step time, the overhead against no callback and the error of the step time the tool reports.")
+    bench.add_argument("--size", choices=("cpu", "gpt3-126m"), help="model (default: gpt3-126m on CUDA, else cpu)")
+    bench.add_argument("--steps", type=int, default=60, help="optimizer steps per trial (60)")
+    bench.add_argument("--window", help="steps timed, A:B (default: the last three quarters)")
+    bench.add_argument("--rounds", type=int, default=3, help="rounds of all conditions (3)")
+    bench.add_argument("--conditions", help="comma-separated subset of the conditions")
+    bench.add_argument("--format", choices=("table", "json"), default="table")
+
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         if rest:
@@ -43,7 +54,31 @@ def main(argv: list[str] | None = None) -> int:
         return run_launch(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "bench":
+        return run_bench_command(args)
     return run_report(args) if args.command == "report" else run_import(args)
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from nemo_throughput import bench
+
+    try:
+        window = tuple(int(part) for part in args.window.split(":")) if args.window else None
+        if window is not None and len(window) != 2:
+            raise ValueError(f"--window {args.window!r} must be A:B")
+        conditions = tuple(args.conditions.split(",")) if args.conditions else bench.CONDITIONS
+        if args.steps < 2 or args.rounds < 1:
+            raise ValueError("--steps must be at least 2 and --rounds at least 1")
+        result = bench.run_bench(size=args.size or ("gpt3-126m" if torch.cuda.is_available() else "cpu"),
+                                 steps=args.steps, window=window, rounds=args.rounds, conditions=conditions,
+                                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except ValueError as error:
+        print(f"nemo-throughput bench: {error}", file=sys.stderr)
+        return 2
+    print(bench.render(result, args.format), end="")
+    return 0
 
 
 def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[str]) -> int:

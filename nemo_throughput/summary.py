@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import logging
 import os
 import tempfile
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +18,8 @@ from nemo_throughput.aggregation import RunStats
 from nemo_throughput.flops import ModelSpec
 from nemo_throughput.throughput import Workload
 from nemo_throughput.timing import PHASE_TIMES
+
+log = logging.getLogger(__name__)
 
 SCHEMA = "nemo-throughput/summary/v1"
 STATUSES = ("running", "completed", "failed", "interrupted")
@@ -44,6 +49,10 @@ class RunFacts:
     settings: dict[str, Any] = field(default_factory=dict)
     started_at: str = field(default_factory=lambda: now_iso())
     source: str = "callback"  # or "import:<log format>"
+
+    @functools.cached_property
+    def spec_dict(self) -> dict[str, Any]:
+        return self.model_spec.to_dict()
 
     @property
     def workload(self) -> Workload:
@@ -94,7 +103,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "name": facts.model_name,
             "flops_per_sample": facts.flops_per_sample,
             "flops_formula": facts.flops_formula,
-            "spec": facts.model_spec.to_dict(),
+            "spec": facts.spec_dict,
         },
         "hardware": {
             "gpu_name": facts.gpu_name,
@@ -110,11 +119,12 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
     }
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+def write_json_atomic(path: str | os.PathLike, obj: Any, durable: bool = True) -> None:
     """Write ``obj`` as JSON so that readers see the old file or the new one, never a mix.
 
-    Serialises first, then writes a temporary file in the same directory, fsyncs it and
-    renames it over ``path`` (atomic on POSIX file systems).
+    Serialises first, then writes a temporary file in the same directory and renames it over
+    ``path`` (atomic on POSIX file systems). ``durable`` also fsyncs it before the rename, so
+    that it survives a machine crash, at the cost of a disk flush (about a millisecond).
     """
     path = Path(path)
     text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
@@ -123,12 +133,54 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class SummaryFile:
+    """One JSON file rewritten in the background while a run goes on.
+
+    ``update`` hands the content to a worker thread and returns at once, so the training loop
+    never waits for the disk; a request still waiting is replaced by the newer one. ``close``
+    waits for the worker, then writes the final content on the caller's thread, flushed.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._latest: Any = None
+        self._closed = False
+        self._wakeup = threading.Condition()
+        self._worker = threading.Thread(target=self._run, name="nemo-throughput-summary", daemon=True)
+        self._worker.start()
+
+    def update(self, content: dict[str, Any]) -> None:
+        with self._wakeup:
+            self._latest = content
+            self._wakeup.notify()
+
+    def close(self, final: dict[str, Any]) -> None:
+        with self._wakeup:
+            self._closed, self._latest = True, None
+            self._wakeup.notify()
+        self._worker.join()
+        write_json_atomic(self.path, final, durable=True)
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                self._wakeup.wait_for(lambda: self._latest is not None or self._closed)
+                if self._closed:
+                    return
+                content, self._latest = self._latest, None
+            try:
+                write_json_atomic(self.path, content, durable=False)
+            except (OSError, ValueError) as error:  # the run goes on; the final write will tell
+                log.warning("nemo-throughput: could not write %s: %s", self.path, error)
 
 
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:

@@ -3,10 +3,11 @@
 import socket
 
 import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nemo_throughput.aggregation import Exchange, RunStats
+from nemo_throughput.aggregation import Exchange, RunStats, step_times, steps_tensor
 from nemo_throughput.timing import StepTimes
 
 
@@ -17,19 +18,22 @@ def rank_steps(first, step_times, local=None):
 
 def test_global_step_time_is_the_slowest_rank_per_step_and_warmup_is_left_out():
     stats = RunStats(world_size=2, warmup_steps=2)
-    interval = stats.add([
+    interval = stats.add(steps_tensor([
         rank_steps(1, [9.0, 9.0, 1.0, 2.0, 1.0, 1.0], local=[1, 1, 0.2, 0.2, 0.2, 0.2]),
         rank_steps(1, [9.0, 9.0, 1.5, 1.0, 1.0, 4.0], local=[1, 1, 0.5, 0.5, 0.5, 0.5]),
-    ])
-    assert stats.step_time_s == [1.5, 2.0, 1.0, 4.0]  # steps 3-6; steps 1-2 were warm-up
+    ]))
+    # steps 3-6 (1-2 were warm-up); the slowest rank's times are 1.5, 2.0, 1.0, 4.0
+    assert stats.steps_measured == 4
     summary = stats.step_time_summary()
-    assert summary["mean"] == pytest.approx(2.125)
+    assert summary["mean"] == pytest.approx(2.125) == stats.mean_step_time_s()
     assert summary["median"] == pytest.approx(1.75)
     assert (summary["min"], summary["max"]) == (1.0, 4.0)
     assert summary["p90"] == pytest.approx(3.4)  # between 2.0 and 4.0, 70 % of the way
-    assert summary["std"] == pytest.approx(1.3149778, rel=1e-6)
+    assert summary["std"] == pytest.approx(1.3149778, rel=1e-6)  # sample standard deviation
     assert stats.per_rank_step_time_s() == pytest.approx([1.25, 1.875])
     assert stats.per_rank_phase_s("local_s") == pytest.approx([0.2, 0.5])
+    assert stats.per_rank_phase_s("data_s") == pytest.approx([0.0, 0.0])
+    assert stats.per_rank_phase_s("backward_s") is None  # not observed
     straggler = stats.straggler()
     assert straggler["rank"] == 1 and straggler["metric"] == "local_time_s"
     assert straggler["excess_pct"] == pytest.approx(100 * (0.5 / 0.35 - 1))
@@ -37,35 +41,46 @@ def test_global_step_time_is_the_slowest_rank_per_step_and_warmup_is_left_out():
     assert interval.max_step_time_s == 9.0 and not interval.warmup
 
 
+def test_statistics_accumulate_over_intervals_as_over_one():
+    times = [0.5 + (i * 7919 % 13) / 100 for i in range(200)]
+    whole = RunStats(world_size=1, warmup_steps=0)
+    whole.add(steps_tensor([rank_steps(1, times)]))
+    pieces = RunStats(world_size=1, warmup_steps=0)
+    for start in range(0, 200, 10):
+        pieces.add(steps_tensor([rank_steps(start + 1, times[start:start + 10])]))
+    assert pieces.step_time_summary() == pytest.approx(whole.step_time_summary())
+    assert pieces.per_rank_step_time_s() == pytest.approx(whole.per_rank_step_time_s())
+
+
 def test_without_phases_the_straggler_is_the_rank_with_the_longest_steps():
     stats = RunStats(world_size=3, warmup_steps=0)
-    stats.add([rank_steps(1, [1.0, 1.0]), rank_steps(1, [1.0, 1.2]), rank_steps(1, [3.0, 1.0])])
+    stats.add(steps_tensor([rank_steps(1, [1.0, 1.0]), rank_steps(1, [1.0, 1.2]), rank_steps(1, [3.0, 1.0])]))
     assert stats.per_rank_phase_s("local_s") is None
     assert stats.straggler() == {"rank": 2, "metric": "step_time_s", "excess_pct": pytest.approx(81.818181)}
 
 
 def test_warmup_counts_from_the_step_the_run_started_at():
     stats = RunStats(world_size=1, warmup_steps=2, start_step=100)  # resumed from a checkpoint
-    interval = stats.add([rank_steps(101, [5.0, 5.0, 1.0])])
-    assert stats.step_time_s == [1.0] and not interval.warmup
-    assert stats.add([[]]) is None
+    interval = stats.add(steps_tensor([rank_steps(101, [5.0, 5.0, 1.0])]))
+    assert stats.steps_measured == 1 and stats.mean_step_time_s() == 1.0 and not interval.warmup
+    assert stats.add(steps_tensor([[]])) is None
 
 
 def test_no_measured_steps_gives_empty_statistics():
     stats = RunStats(world_size=2, warmup_steps=10)
-    assert stats.add([rank_steps(1, [1.0]), rank_steps(1, [1.0])]).warmup
+    assert stats.add(steps_tensor([rank_steps(1, [1.0]), rank_steps(1, [1.0])])).warmup
     assert stats.step_time_summary() is None and stats.straggler() is None and stats.mean_step_time_s() is None
 
 
 def test_ranks_disagreeing_on_steps_is_an_error():
     stats = RunStats(world_size=2, warmup_steps=0)
-    with pytest.raises(RuntimeError, match="Rank 1 reported steps \\[2, 3\\] but rank 0 reported \\[1, 2\\]"):
-        stats.add([rank_steps(1, [1.0, 1.0]), rank_steps(2, [1.0, 1.0])])
+    with pytest.raises(RuntimeError, match=r"Rank 1 reported steps \[2, 3\] but rank 0 reported \[1, 2\]"):
+        stats.add(steps_tensor([rank_steps(1, [1.0, 1.0]), rank_steps(2, [1.0, 1.0])]))
 
 
 def test_exchange_without_torch_distributed_returns_the_local_steps():
     steps = rank_steps(5, [0.5, 0.25], local=[0.1, 0.2])
-    assert Exchange().start(steps).wait() == [steps]
+    assert step_times(Exchange().start(steps).wait(), 0) == steps
 
 
 def _gloo_worker(rank: int, world_size: int, port: int, results) -> None:
@@ -74,7 +89,7 @@ def _gloo_worker(rank: int, world_size: int, port: int, results) -> None:
         exchange = Exchange()
         first = exchange.start(rank_steps(1, [1.0 + rank, 2.0 + rank], local=[rank, rank]))
         second = exchange.start(rank_steps(3, [10.0 * (rank + 1)]))  # started before the first is read
-        results[rank] = (first.wait(), second.wait())
+        results[rank] = [[step_times(m, r) for r in range(world_size)] for m in (first.wait(), second.wait())]
     finally:
         dist.destroy_process_group()
 
@@ -90,3 +105,18 @@ def test_exchange_all_gathers_every_ranks_steps_over_gloo():
         first, second = results[rank]
         assert first == [rank_steps(1, [1.0, 2.0], local=[0, 0]), rank_steps(1, [2.0, 3.0], local=[1, 1])]
         assert second == [rank_steps(3, [10.0]), rank_steps(3, [20.0])]
+
+
+def test_a_long_run_on_many_ranks_accumulates_correctly():
+    """50,000 steps on 64 ranks, then one ordinary 10-step interval (the cost per interval is the
+    benchmark's business: nemo-throughput bench)."""
+    stats = RunStats(world_size=64, warmup_steps=0)
+    interval = steps_tensor([rank_steps(1, [1.0] * 10, local=[0.5] * 10) for _ in range(64)])
+
+    for first in range(1, 50_001, 10_000):  # 50,000 steps in large chunks
+        chunk = torch.cat([interval[:, :1, :]] * 10_000, dim=1).clone()
+        chunk[:, :, 0] = torch.arange(first, first + 10_000, dtype=torch.float64)
+        stats.add(chunk)
+    stats.add(torch.cat([interval[:, :, :1] + 50_000, interval[:, :, 1:]], dim=2))  # steps 50,001-50,010
+    assert stats.steps_measured == 50_010
+    assert stats.step_time_summary()["median"] == 1.0

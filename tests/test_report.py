@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_throughput.aggregation import RunStats
+from nemo_throughput.aggregation import RunStats, steps_tensor
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.report.runs import ReportError, Window, load_run
 from nemo_throughput.report.tables import build_report, render
@@ -29,7 +29,7 @@ def write_run(path: Path, *, label: str, model: str = "gpt3-126m", spec: ModelSp
                      flops_per_sample=model_flops_per_sample(spec), gpu_name="NVIDIA H100 80GB HBM3",
                      num_gpus=8 * nodes, num_nodes=nodes, dtype="bf16", peak_tflops=H100, peak_source="table:H100 SXM")
     stats = RunStats(world_size=1, warmup_steps=0)
-    stats.add([[StepTimes(i + 1, t) for i, t in enumerate(step_times)]])
+    stats.add(steps_tensor([[StepTimes(i + 1, t) for i, t in enumerate(step_times)]]))
     write_json_atomic(path, build_summary(facts, stats, status))
     if per_step:
         lines = [json.dumps({"step": i + 1, "warmup": False, "step_time_s": t, "ranks": []})

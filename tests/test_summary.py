@@ -2,10 +2,11 @@
 
 import json
 import os
+import time
 
 import pytest
 
-from nemo_throughput.summary import SCHEMA, append_jsonl, read_summary, write_json_atomic
+from nemo_throughput.summary import SCHEMA, SummaryFile, append_jsonl, read_summary, write_json_atomic
 
 
 def test_atomic_write_replaces_the_whole_file(tmp_path):
@@ -51,3 +52,24 @@ def test_json_lines_append(tmp_path):
     append_jsonl(path, [{"step": 1}, {"step": 2}])
     append_jsonl(path, [{"step": 3}])
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_summary_file_writes_in_the_background_and_flushes_the_final_content(tmp_path, caplog):
+    path = tmp_path / "run" / "summary.json"
+    summary_file = SummaryFile(path)
+    for n in range(200):  # faster than the disk: waiting requests are replaced, none is torn
+        summary_file.update({"schema": SCHEMA, "status": "running", "n": n})
+    summary_file.close({"schema": SCHEMA, "status": "completed", "n": 200})
+    assert read_summary(path) == {"schema": SCHEMA, "status": "completed", "n": 200}
+    assert not summary_file._worker.is_alive()
+
+    blocked = SummaryFile(tmp_path / "file" / "summary.json")
+    (tmp_path / "file").write_text("a file where the directory should be")
+    with caplog.at_level("WARNING"):
+        blocked.update({"schema": SCHEMA})
+        deadline = time.monotonic() + 10
+        while "could not write" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)  # the worker logs the failure and goes on
+        assert "could not write" in caplog.text
+        with pytest.raises(OSError):  # the final write reports it to the caller
+            blocked.close({"schema": SCHEMA})

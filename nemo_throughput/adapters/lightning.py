@@ -19,15 +19,16 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from nemo_throughput import environment
 from nemo_throughput.adapters.nemo import read_module
-from nemo_throughput.aggregation import Exchange, Gathered, Interval, RunStats
+from nemo_throughput.aggregation import Exchange, Gathered, Interval, RunStats, step_times
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import device_name, dtype_for_precision, identify, peak_tflops
-from nemo_throughput.summary import RunFacts, append_jsonl, build_summary, write_json_atomic
+from nemo_throughput.summary import RunFacts, SummaryFile, append_jsonl, build_summary
 from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, StepTimes, clock_for
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class ThroughputCallback(*_callback_bases()):
         self.facts: RunFacts | None = None
         self.stats: RunStats | None = None
         self.output_dir: str | None = None
+        self._summary_file: SummaryFile | None = None
         self._timer: StepTimer | None = None
         self._exchange: Exchange | None = None
         self._in_flight: Gathered | None = None
@@ -101,6 +103,8 @@ class ThroughputCallback(*_callback_bases()):
         self._in_flight, self._done = None, False
         self.stats = RunStats(trainer.world_size, self.config.warmup_steps, start_step=trainer.global_step)
         self._timer = StepTimer(clock_for(trainer.strategy.root_device))
+        if self._rank == 0:
+            self._summary_file = SummaryFile(self.summary_path)
         self._write_summary("running")
         self._timer.anchor()
 
@@ -159,8 +163,8 @@ class ThroughputCallback(*_callback_bases()):
             self._absorb(trainer, finished.wait())
         self._absorb(trainer, self._exchange.start(self._timer.collect()).wait())
 
-    def _absorb(self, trainer: Any, per_rank: list[list[StepTimes]]) -> None:
-        interval = self.stats.add(per_rank)
+    def _absorb(self, trainer: Any, steps: torch.Tensor) -> None:
+        interval = self.stats.add(steps)
         if interval is None or self._rank != 0:
             return
         metrics = self.facts.workload.metrics(interval.step_time_s)
@@ -171,17 +175,18 @@ class ThroughputCallback(*_callback_bases()):
         for logger in trainer.loggers:
             logger.log_metrics(logged, step=interval.last_step)
         if self.config.per_step_jsonl:
-            append_jsonl(os.path.join(self.output_dir, "steps.jsonl"), step_rows(per_rank, self.stats))
+            append_jsonl(os.path.join(self.output_dir, "steps.jsonl"), step_rows(steps, self.stats))
 
     def _finish(self, status: str, error: str | None = None) -> None:
         self._done = True
-        self._write_summary(status, error)
-        if self._rank == 0 and self.stats is not None:
+        if self._rank == 0:
+            self._summary_file.close(build_summary(self.facts, self.stats, status, error))
             log.info("nemo-throughput: %s run summary written to %s", status, self.summary_path)
 
-    def _write_summary(self, status: str, error: str | None = None) -> None:
+    def _write_summary(self, status: str) -> None:
+        """Rewrite the summary from the background (rank 0); the final one is written by _finish."""
         if self._rank == 0:
-            write_json_atomic(self.summary_path, build_summary(self.facts, self.stats, status, error))
+            self._summary_file.update(build_summary(self.facts, self.stats, status))
 
 
 def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunFacts:
@@ -298,15 +303,12 @@ def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str
     return f"[throughput] steps {interval.first_step}-{interval.last_step}{warmup}: " + " | ".join(parts)
 
 
-def step_rows(per_rank: list[list[StepTimes]], stats: RunStats) -> list[dict[str, Any]]:
+def step_rows(steps: torch.Tensor, stats: RunStats) -> list[dict[str, Any]]:
     """Per-step JSON Lines rows: the global (slowest-rank) time and every rank's phases."""
-    rows = []
-    for i, first in enumerate(per_rank[0]):
-        ranks = [steps[i] for steps in per_rank]
-        rows.append({
-            "step": first.step,
-            "warmup": stats.is_warmup(first.step),
-            "step_time_s": max(r.step_s for r in ranks),
-            "ranks": [{name: getattr(r, name) for name in StepTimes.VALUES} for r in ranks],
-        })
-    return rows
+    per_rank = [step_times(steps, rank) for rank in range(steps.shape[0])]
+    return [{
+        "step": ranks[0].step,
+        "warmup": stats.is_warmup(ranks[0].step),
+        "step_time_s": max(r.step_s for r in ranks),
+        "ranks": [{name: getattr(r, name) for name in StepTimes.VALUES} for r in ranks],
+    } for ranks in zip(*per_rank, strict=True)]

@@ -5,9 +5,9 @@ exactly as it reads NeMo: ``self.cfg`` is the ``model:`` section with NeMo's key
 
 from __future__ import annotations
 
+import importlib
 import math
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
@@ -77,8 +77,8 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class DemoGPT(pl.LightningModule):
-    """Decoder-only transformer trained on synthetic tokens; ``cfg`` uses NeMo's model keys."""
+class GPTTraining:
+    """The LightningModule body of the demo GPT, for either Lightning namespace (see gpt_module_class)."""
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__()
@@ -116,3 +116,13 @@ class DemoGPT(pl.LightningModule):
         samples = self.trainer.max_steps * self.cfg.global_batch_size
         data = SyntheticTokens(samples, self.cfg.encoder_seq_length, self.cfg.tokenizer.vocab_size, self.cfg.seed)
         return torch.utils.data.DataLoader(data, batch_size=self.cfg.micro_batch_size, num_workers=0)
+
+
+def gpt_module_class(namespace: str = "pytorch_lightning") -> type:
+    """The demo GPT as a LightningModule of `lightning.pytorch` or `pytorch_lightning`."""
+    lightning_module = importlib.import_module(namespace).LightningModule
+    return type("DemoGPT", (GPTTraining, lightning_module), {"__doc__": "Decoder-only transformer trained on "
+                                                                        "synthetic tokens; cfg uses NeMo's keys."})
+
+
+DemoGPT = gpt_module_class("pytorch_lightning")

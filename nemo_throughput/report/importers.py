@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nemo_throughput import environment
-from nemo_throughput.aggregation import RunStats
+from nemo_throughput.aggregation import RunStats, steps_tensor
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import identify, peak_tflops
 from nemo_throughput.report.runs import ReportError, Window
@@ -101,7 +101,7 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
     if not [s for s in counted if not stats.is_warmup(s[0])]:
         raise ReportError(f"{path}: no step left to measure: it has steps {steps[0][0]} to {steps[-1][0]}, "
                           + (f"--window {window.text}" if window else f"the first {warmup_steps} are warm-up"))
-    stats.add([[StepTimes(step, seconds) for step, seconds in counted]])
+    stats.add(steps_tensor([[StepTimes(step, seconds) for step, seconds in counted]]))
 
     if peak is not None:
         peak_source = "user"
