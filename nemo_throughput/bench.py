@@ -13,12 +13,14 @@ are not log steps, counted with torch.cuda.set_sync_debug_mode.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import gc
 import importlib
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -28,9 +30,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from nemo_throughput.adapters.lightning import ThroughputCallback
 from nemo_throughput.adapters.nemo import padded_vocab_size
-from nemo_throughput.demo.gpt import gpt_module_class
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 
 SIZES = {
@@ -102,7 +102,7 @@ class TimedHooks:
 
     HOOKS = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end")
 
-    def __init__(self, callback: ThroughputCallback, cuda: bool) -> None:
+    def __init__(self, callback: Any, cuda: bool) -> None:
         self.callback, self.cuda = callback, cuda
         self.ns_by_step: dict[int, int] = {}
         self.syncs_by_step: dict[int, int] = {}
@@ -174,6 +174,10 @@ def run_bench(size: str = "cpu", steps: int = 60, window: tuple[int, int] | None
 
 def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: int, namespace: str, cuda: bool,
            record: Condition | None = None) -> None:
+    # Lightning is imported here, on use: the other subcommands need not pay for it.
+    from nemo_throughput.adapters.lightning import ThroughputCallback
+    from nemo_throughput.demo.gpt import gpt_module_class
+
     pl = importlib.import_module(namespace)
     torch.manual_seed(0)
     model = gpt_module_class(namespace)(cfg)
@@ -342,3 +346,35 @@ def _pct(value: float | None, sign: bool = True, digits: int = 2) -> str:
 def _us(value: float | None) -> str:
     return "" if value is None else f"{value:.0f} µs"
 
+
+# ------------------------------------------------------------------------------------ the command
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser(
+        "bench", help="overhead and accuracy of the callback beside ThroughputMonitor and NeMo's TimingCallback",
+        description="Trains the demo GPT under interleaved conditions and reports, per condition, the median true "
+                    "step time, the overhead against no callback and the error of the step time the tool reports.")
+    bench.add_argument("--size", choices=("cpu", "gpt3-126m"), help="model (default: gpt3-126m on CUDA, else cpu)")
+    bench.add_argument("--steps", type=int, default=60, help="optimizer steps per trial (60)")
+    bench.add_argument("--window", help="steps timed, A:B (default: the last three quarters)")
+    bench.add_argument("--rounds", type=int, default=3, help="rounds of all conditions (3)")
+    bench.add_argument("--conditions", help="comma-separated subset of the conditions")
+    bench.add_argument("--format", choices=("table", "json"), default="table")
+    bench.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        window = tuple(int(part) for part in args.window.split(":")) if args.window else None
+        if window is not None and len(window) != 2:
+            raise ValueError(f"--window {args.window!r} must be A:B")
+        conditions = tuple(args.conditions.split(",")) if args.conditions else CONDITIONS
+        if args.steps < 2 or args.rounds < 1:
+            raise ValueError("--steps must be at least 2 and --rounds at least 1")
+        result = run_bench(size=args.size or ("gpt3-126m" if torch.cuda.is_available() else "cpu"),
+                           steps=args.steps, window=window, rounds=args.rounds, conditions=conditions,
+                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except ValueError as error:
+        print(f"nemo-throughput bench: {error}", file=sys.stderr)
+        return 2
+    print(render(result, args.format), end="")
+    return 0

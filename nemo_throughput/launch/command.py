@@ -12,9 +12,10 @@ from nemo_throughput.launch.kubernetes import KubernetesJob, manifest_yaml, rend
 from nemo_throughput.launch.slurm import SlurmJob, render_sbatch
 
 
-def add_launch_parser(commands: argparse._SubParsersAction) -> None:
+def add_parsers(commands: argparse._SubParsersAction) -> None:
     launch = commands.add_parser("launch", help="write (and --submit) one benchmark job for Slurm or Kubernetes",
                                  description="The training command follows `--`.")
+    launch.set_defaults(handler=run_launch, takes_command=True)
     targets = launch.add_subparsers(dest="target", required=True)
 
     slurm = targets.add_parser("slurm", help="an sbatch script: srun, one task per GPU, Pyxis container optional",

@@ -17,11 +17,12 @@ from nemo_throughput.report.tables import build_report, render
 from nemo_throughput.summary import write_json_atomic
 
 
-def add_report_parsers(commands: argparse._SubParsersAction) -> None:
+def add_parsers(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
         "report", help="tables (and plots) from many run summaries: scaling, environments, MFU, time to train",
         description="Groups runs by label, model and node count; repeats give mean and standard deviation "
                     "(shown as mean ± 2σ).")
+    report.set_defaults(handler=run_report)
     report.add_argument("summaries", nargs="+", help="summary.json files or directories holding them")
     report.add_argument("--baseline", help="label the others are compared with, e.g. bare-metal")
     report.add_argument("--tokens", type=float, default=1e12, help="token budget for time to train (1e12)")
@@ -34,6 +35,7 @@ def add_report_parsers(commands: argparse._SubParsersAction) -> None:
         "import", help="summaries from NeMo / Megatron-LM logs or TensorBoard event files of runs without the plugin",
         description="Writes <output-dir>/<name>/summary.json per input, from the step times the log holds and "
                     "the facts it lacks, given here.")
+    imports.set_defaults(handler=run_import)
     imports.add_argument("logs", nargs="+", type=Path, help="log files, event files or directories of them")
     imports.add_argument("--format", choices=("auto", *FORMATS), default="auto")
     imports.add_argument("--label", required=True, help="run.label, e.g. bare-metal or kubernetes")
