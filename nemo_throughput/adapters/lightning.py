@@ -105,7 +105,7 @@ class ThroughputCallback(*_callback_bases()):
         self._timer = StepTimer(clock_for(trainer.strategy.root_device))
         if self._rank == 0:
             self._summary_file = SummaryFile(self.summary_path)
-        self._write_summary("running")
+        self._update_summary()
         self._timer.anchor()
 
     # ----------------------------------------------------------------------- hot path
@@ -132,7 +132,7 @@ class ThroughputCallback(*_callback_bases()):
             finished, self._in_flight = self._in_flight, self._exchange.start(self._timer.collect(step - 1))
             if finished is not None:
                 self._absorb(trainer, finished.wait())
-            self._write_summary("running")
+            self._update_summary()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._timer is not None and trainer.state.fn == "fit" and not trainer.sanity_checking:
@@ -183,10 +183,10 @@ class ThroughputCallback(*_callback_bases()):
             self._summary_file.close(build_summary(self.facts, self.stats, status, error))
             log.info("nemo-throughput: %s run summary written to %s", status, self.summary_path)
 
-    def _write_summary(self, status: str) -> None:
-        """Rewrite the summary from the background (rank 0); the final one is written by _finish."""
+    def _update_summary(self) -> None:
+        """Rewrite the running summary, in the background (rank 0); _finish writes the final one."""
         if self._rank == 0:
-            self._summary_file.update(build_summary(self.facts, self.stats, status))
+            self._summary_file.update(build_summary(self.facts, self.stats, "running"))
 
 
 def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunFacts:
