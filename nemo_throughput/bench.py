@@ -57,9 +57,8 @@ class Condition:
     skipped: str | None = None
 
     def result(self, baseline_s: float | None) -> dict[str, Any]:
-        median = statistics.median(self.step_times_s) if self.step_times_s else None
+        median = statistics.median(self.step_times_s) if self.step_times_s else None  # the true step time
         measured = statistics.median(self.measured_s) if self.measured_s else None
-        true = statistics.median(self.step_times_s) if self.step_times_s else None
         hook_us = statistics.median(self.hook_us_mean) if self.hook_us_mean else None
         return {
             "name": self.name,
@@ -69,7 +68,7 @@ class Condition:
             "spread_pct": 100 * (max(self.step_times_s) - min(self.step_times_s)) / median if median else None,
             "overhead_pct": 100 * (median / baseline_s - 1) if median and baseline_s else None,
             "measured_step_time_s": measured,
-            "error_pct": 100 * (measured / true - 1) if measured and true else None,
+            "error_pct": 100 * (measured / median - 1) if measured and median else None,
             "hook_us_per_step": hook_us,
             "hook_share_pct": 100 * hook_us * 1e-6 / median if hook_us is not None and median else None,
             "hook_us_per_non_log_step": statistics.median(self.hook_us_non_log) if self.hook_us_non_log else None,
@@ -110,26 +109,31 @@ class TimedHooks:
             setattr(callback, name, self._timed(getattr(callback, name)))
 
     def _timed(self, hook: Any) -> Any:
+        ends_step = hook.__name__ == "on_train_batch_end"  # runs after the optimizer step's increment
+
         def timed(trainer: Any, *args: Any, **kwargs: Any) -> None:
-            step = trainer.global_step  # the step in progress ends with on_train_batch_end's increment
-            is_log = (step + (0 if hook.__name__ == "on_train_batch_end" else 1)) % \
-                self.callback.config.log_every_n_steps == 0
-            with warnings.catch_warnings(record=True) as caught:
-                if self.cuda and not is_log:
+            step = trainer.global_step + (0 if ends_step else 1)  # the step this call belongs to
+            syncs = 0
+            if self.cuda and step % self.callback.config.log_every_n_steps:  # non-log step: count syncs
+                with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     torch.cuda.set_sync_debug_mode("warn")
-                start = time.perf_counter_ns()
-                hook(trainer, *args, **kwargs)
-                elapsed = time.perf_counter_ns() - start
-                if self.cuda and not is_log:
+                    elapsed = _elapsed_ns(hook, trainer, *args, **kwargs)
                     torch.cuda.set_sync_debug_mode(0)
-            key = step + 1 if hook.__name__ != "on_train_batch_end" else step
-            self.ns_by_step[key] = self.ns_by_step.get(key, 0) + elapsed
-            syncs = sum("synchroniz" in str(w.message) for w in caught)
-            self.syncs_by_step[key] = self.syncs_by_step.get(key, 0) + syncs
+                syncs = sum("synchroniz" in str(w.message) for w in caught)
+            else:
+                elapsed = _elapsed_ns(hook, trainer, *args, **kwargs)
+            self.ns_by_step[step] = self.ns_by_step.get(step, 0) + elapsed
+            self.syncs_by_step[step] = self.syncs_by_step.get(step, 0) + syncs
 
         timed.__name__ = hook.__name__
         return timed
+
+
+def _elapsed_ns(hook: Any, *args: Any, **kwargs: Any) -> int:
+    start = time.perf_counter_ns()
+    hook(*args, **kwargs)
+    return time.perf_counter_ns() - start
 
 
 def run_bench(size: str = "cpu", steps: int = 60, window: tuple[int, int] | None = None, rounds: int = 3,

@@ -1,6 +1,7 @@
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,18 @@ def run_train_tiny(*args, timeout=120, **popen):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, str(TRAIN_TINY), *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def nemo_throughput_cli(*args, cwd=None, env=None, timeout=600):
+    """Run the installed `nemo-throughput` command of this interpreter's environment."""
+    command = [Path(sys.executable).parent / "nemo-throughput", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def read_json(path):

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from conftest import free_port
 
 REQUIRED = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sacct")
 
@@ -25,12 +26,6 @@ def missing_reason() -> str | None:
     if os.geteuid() != 0:
         return "the local Slurm cluster runs its daemons as root"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalSlurmCluster:
@@ -124,14 +119,14 @@ class LocalSlurmCluster:
         for directory in ("state", *(f"spool/{name}" for name in self.node_names)):
             (self.root / directory).mkdir(parents=True, exist_ok=True)
         nodes = "\n".join(
-            f"NodeName={name} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={self.cpus_per_node} "
+            f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus_per_node} "
             f"Gres=gpu:{self.gpus_per_node} State=UNKNOWN"
             for name in self.node_names
         )
         self.conf.write_text(f"""\
 ClusterName=nemo-throughput-test
 SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={_free_port()}
+SlurmctldPort={free_port()}
 AuthType=auth/munge
 AuthInfo=socket={self.munge_socket}
 SlurmUser=root

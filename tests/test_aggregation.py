@@ -1,12 +1,11 @@
 """Cross-rank statistics, and the all-gather over a real two-process gloo group."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from conftest import free_port
 from nemo_throughput.aggregation import Exchange, RunStats, step_times, steps_tensor
 from nemo_throughput.timing import StepTimes
 
@@ -95,9 +94,7 @@ def _gloo_worker(rank: int, world_size: int, port: int, results) -> None:
 
 
 def test_exchange_all_gathers_every_ranks_steps_over_gloo():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     manager = mp.Manager()
     results = manager.dict()
     mp.spawn(_gloo_worker, args=(2, port, results), nprocs=2, join=True)

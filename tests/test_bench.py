@@ -2,11 +2,10 @@
 never asserted here: these machines are shared)."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from conftest import nemo_throughput_cli
 
 pytestmark = pytest.mark.slow
 
@@ -16,8 +15,7 @@ FIELDS = {"name", "skipped", "median_step_time_s", "step_times_s", "spread_pct",
 
 
 def bench(*args, cwd):
-    cli = Path(sys.executable).parent / "nemo-throughput"
-    return subprocess.run([cli, "bench", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return nemo_throughput_cli("bench", *args, cwd=cwd)
 
 
 def test_bench_reports_every_field_for_every_condition(tmp_path):

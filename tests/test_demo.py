@@ -1,19 +1,16 @@
 """The README's demo command, end to end: 2 gloo ranks, +callbacks=throughput, a summary."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from conftest import nemo_throughput_cli
 
 pytestmark = pytest.mark.slow
 
 
 def test_demo_trains_two_ranks_and_prints_the_headline(tmp_path):
-    cli = Path(sys.executable).parent / "nemo-throughput"
-    result = subprocess.run([cli, "demo", "--steps", "20", "--output-dir", tmp_path], capture_output=True,
-                            text=True, timeout=120, cwd=tmp_path)
+    result = nemo_throughput_cli("demo", "--steps", "20", "--output-dir", tmp_path, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((tmp_path / "throughput" / "summary.json").read_text())
     assert summary["status"] == "completed"

@@ -5,7 +5,6 @@ import copy
 import datetime as dt
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import read_json
+from conftest import free_port, nemo_throughput_cli, read_json
 from nemo_throughput.launch import LaunchError
 from nemo_throughput.launch.kubernetes import (
     KubernetesJob,
@@ -137,8 +136,7 @@ def test_kubernetes_validate_rejects_a_pod_field_the_sdk_would_accept():
 # ----------------------------------------------------------------------------- errors
 def cli(*args, path=None, cwd=None):
     env = {**os.environ, **({"PATH": path} if path is not None else {})}
-    return subprocess.run([Path(sys.executable).parent / "nemo-throughput", "launch", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd)
+    return nemo_throughput_cli("launch", *args, env=env, cwd=cwd)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -182,12 +180,6 @@ def test_without_submit_the_file_is_written_and_named(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the pod command
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_pod_command_runs_end_to_end_with_the_operator_environment(tmp_path):
     """Two 'pods' on this host, each with exactly the variables training-operator v1.9 injects into
@@ -200,7 +192,7 @@ def test_pod_command_runs_end_to_end_with_the_operator_environment(tmp_path):
                         image="example.com/demo:1", nodes=2, gpus_per_node=1, label="kubernetes", job_name="demo-2p")
     manifest = render_manifest(job)
     validate_manifest(manifest)
-    port = _free_port()
+    port = free_port()
     pods = []
     for replica, index, rank in (("Master", 0, 0), ("Worker", 0, 1)):
         script, args = pod_script(manifest, replica)

@@ -3,12 +3,11 @@
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import nemo_throughput_cli
 from nemo_throughput.aggregation import RunStats, steps_tensor
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.report.runs import ReportError, Window, load_run
@@ -102,8 +101,7 @@ def test_comparison_against_a_baseline_and_its_sign(tmp_path):
 
 
 def report_cli(*args, cwd=None):
-    cli = Path(sys.executable).parent / "nemo-throughput"
-    return subprocess.run([cli, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return nemo_throughput_cli(*args, cwd=cwd, timeout=120)
 
 
 @pytest.mark.slow

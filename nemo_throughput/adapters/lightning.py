@@ -250,9 +250,8 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunF
 
 def _model_spec(config: ThroughputConfig, module: Any) -> ModelSpec:
     fields = {**module.spec_fields, **(config.model_spec or {})}
-    seq_length = config.seq_length or (config.model_spec or {}).get("seq_length") or module.seq_length
-    if seq_length:
-        fields["seq_length"] = seq_length
+    if config.seq_length:
+        fields["seq_length"] = config.seq_length
     required = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
     missing = [name for name in required if not fields.get(name)]
     if missing:

@@ -40,10 +40,9 @@ class ModuleFacts:
     """What a LightningModule's own config says; every field may be missing."""
 
     source: str | None = None  # "nemo1 cfg", "megatron config" or None
-    spec_fields: dict[str, Any] = field(default_factory=dict)  # ModelSpec fields
+    spec_fields: dict[str, Any] = field(default_factory=dict)  # ModelSpec fields (seq_length: the data's)
     global_batch_size: int | None = None
     micro_batch_size: int | None = None
-    seq_length: int | None = None  # sequence length of the training data
     parallel: dict[str, int] = field(default_factory=dict)  # tensor/pipeline/context/virtual_pipeline
     fp8: bool = False
 
@@ -78,7 +77,6 @@ def _from_nemo1_cfg(cfg: Any, pl_module: Any) -> ModuleFacts:
         spec_fields=spec,
         global_batch_size=_get(cfg, "global_batch_size"),
         micro_batch_size=_get(cfg, "micro_batch_size"),
-        seq_length=seq_length,
         parallel=_parallel(cfg),
         fp8=bool(_get(cfg, "fp8")),
     )
@@ -104,7 +102,6 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
         spec_fields=spec,
         global_batch_size=_get(datamodule, "global_batch_size"),
         micro_batch_size=_get(datamodule, "micro_batch_size"),
-        seq_length=seq_length,
         parallel=parallel,
         fp8=bool(_get(config, "fp8")),
     )

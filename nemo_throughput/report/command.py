@@ -12,7 +12,7 @@ from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
 from nemo_throughput.presets import PRESETS, preset
 from nemo_throughput.report.importers import FORMATS, import_run
-from nemo_throughput.report.runs import ReportError, Window, find_summaries, load_run
+from nemo_throughput.report.runs import IncompleteRun, ReportError, Window, find_summaries, load_run
 from nemo_throughput.report.tables import build_report, render
 from nemo_throughput.summary import write_json_atomic
 
@@ -65,9 +65,7 @@ def run_report(args: argparse.Namespace) -> int:
         for path in find_summaries(args.summaries):
             try:
                 runs.append(load_run(path, window))
-            except ReportError as error:
-                if "only completed runs" not in str(error):
-                    raise
+            except IncompleteRun as error:
                 excluded.append(str(error))
         for reason in excluded:
             print(f"excluded: {reason}", file=sys.stderr)

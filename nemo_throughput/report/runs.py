@@ -16,6 +16,10 @@ class ReportError(ValueError):
     """Input the report cannot use, naming the file and what is wrong with it."""
 
 
+class IncompleteRun(ReportError):
+    """A run that did not complete: left out of the report with a note, not an error."""
+
+
 @dataclass(frozen=True)
 class Window:
     """Which steps count, by step number (the callback's, from 1): `A:B` is A <= step < B,
@@ -85,7 +89,7 @@ def load_run(path: Path, window: Window | None = None) -> Run:
     except ValueError as error:
         raise ReportError(str(error)) from error
     if summary["status"] != "completed":
-        raise ReportError(f"{path}: status {summary['status']!r}{_error_of(summary)}: only completed runs are "
+        raise IncompleteRun(f"{path}: status {summary['status']!r}{_error_of(summary)}: only completed runs are "
                           "reported")
     try:
         timing, hardware, batch, model = summary["timing"], summary["hardware"], summary["batch"], summary["model"]
