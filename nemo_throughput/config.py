@@ -26,6 +26,7 @@ class ThroughputConfig:
     model_name: str | None = None  # default: derived from the parameter count, e.g. "gpt-126m"
     model_spec: Mapping[str, Any] | None = None  # ModelSpec fields; override those read from the model
     flops_formula: str = "megatron"  # "megatron" or "dgxc"
+    flops_per_sample: float | None = None  # given instead of computed (recorded as flops_formula "user")
     global_batch_size: int | None = None
     micro_batch_size: int | None = None
     seq_length: int | None = None

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "nemo-throughput/summary/v1"
 STATUSES = ("running", "completed", "failed", "interrupted")
+USER_FLOPS = "user"  # model.flops_formula when flops_per_sample was given, not computed
 
 
 @dataclass
@@ -35,9 +36,9 @@ class RunFacts:
     micro_batch_size: int | None
     seq_length: int
     model_name: str
-    model_spec: ModelSpec
-    flops_formula: str
-    flops_per_sample: float
+    model_spec: ModelSpec | None  # None when flops_per_sample was given and the shape is unknown
+    flops_formula: str  # a name of flops.FORMULAS, or USER_FLOPS when flops_per_sample was given
+    flops_per_sample: float | None
     gpu_name: str
     num_gpus: int
     num_nodes: int
@@ -51,8 +52,8 @@ class RunFacts:
     source: str = "callback"  # or "import:<log format>"
 
     @functools.cached_property
-    def spec_dict(self) -> dict[str, Any]:
-        return self.model_spec.to_dict()
+    def spec_dict(self) -> dict[str, Any] | None:
+        return self.model_spec.to_dict() if self.model_spec is not None else None
 
     @property
     def workload(self) -> Workload:

@@ -1,0 +1,1 @@
+"""Readers of the logs of runs made without the plugin (NeMo, Megatron-LM, TensorBoard), into summaries."""
