@@ -222,3 +222,255 @@ def test_pod_command_runs_end_to_end_with_the_operator_environment(tmp_path):
         ("k8s-node-1", [0], ["demo-2p-master-0"]), ("k8s-node-2", [1], ["demo-2p-worker-0"])]
     assert summary["hardware"]["num_gpus"] == 2 and summary["hardware"]["num_nodes"] == 2
     assert summary["timing"]["steps_measured"] == 6
+
+
+# ----------------------------------------------------------------------------- hostile values (issue 10)
+# Each value tries to leave its line or its quotes: a new line, a command separator, a command
+# substitution, backticks, quotes. MARKER is what the injected command would create.
+MARKER = "/tmp/nemo-throughput-injected"
+HOSTILE = {
+    "newline": f"batch\ntouch {MARKER}",
+    "semicolon": f"batch;touch {MARKER}",
+    "dollar-paren": f"$(touch {MARKER})",
+    "backticks": f"`touch {MARKER}`",
+    "quotes": "it's \"quoted\"",
+}
+PYXIS = dict(image="nvcr.io/nvidia/nemo:24.09", mounts=["/lustre:/lustre"], results_dir="/lustre/runs")
+# Fields that reach an #SBATCH line (parsed by sbatch, where quoting rules are not a shell's) or
+# Pyxis' own parsers: values outside what Slurm / Pyxis take are refused, whatever they hold.
+SLURM_NAME_FIELDS = {"job_name": "--job-name", "partition": "--partition", "account": "--account",
+                     "time": "--time", "image": "--image"}
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+@pytest.mark.parametrize("field", SLURM_NAME_FIELDS)
+def test_slurm_names_outside_slurms_syntax_are_refused(field, hostile):
+    with pytest.raises(LaunchError, match=re.escape(SLURM_NAME_FIELDS[field])):
+        SlurmJob(command=["python", "t.py"], **{**PYXIS, field: HOSTILE[hostile]})
+
+
+@pytest.mark.parametrize("field, flag", [("results_dir", "--results-dir"), ("workdir", "--workdir"),
+                                         ("label", "--label"), ("image", "--image")])
+@pytest.mark.parametrize("control", ["\n", "\r", "\x1b", "\x00"])
+def test_slurm_paths_and_labels_with_control_characters_are_refused(field, flag, control):
+    value = f"/lustre/runs{control}touch {MARKER}" if field != "image" else f"nemo:1{control}x"
+    with pytest.raises(LaunchError, match=re.escape(flag) + ".*control character"):
+        SlurmJob(command=["python", "t.py"], **{**PYXIS, field: value})
+
+
+@pytest.mark.parametrize("mount, problem", [
+    (f"/lustre:/lustre\ntouch {MARKER}", "control character"),
+    ("/my data:/data", "whitespace"),  # Pyxis hands mounts to enroot as fstab lines
+    ("/a,/b:/b", "src:dst"),  # a comma starts the next mount
+    ("data:/data", "source must be"),  # Pyxis: an absolute or relative path, tmpfs or umount
+    ("/data:data", "destination must be"),
+    ("/data:/data:ro;x", "flags"),
+])
+def test_slurm_mounts_pyxis_cannot_take_are_refused(mount, problem):
+    with pytest.raises(LaunchError, match=re.escape("--mounts") + ".*" + re.escape(problem)):
+        SlurmJob(command=["python", "t.py"], image="nemo:1", mounts=[mount, "/lustre:/lustre"],
+                 results_dir="/lustre/runs")
+
+
+def test_slurm_results_dir_must_not_escape_its_mount_through_dotdot():
+    with pytest.raises(LaunchError, match="not under any --mounts destination"):
+        SlurmJob(command=["python", "t.py"], image="nemo:1", mounts=["/lustre:/lustre"],
+                 results_dir="/lustre/../etc/runs")
+
+
+@pytest.mark.parametrize("time", ["10\n", "1:00:00\n", "10 ", "-1"])
+def test_slurm_time_with_trailing_junk_is_refused(time):
+    with pytest.raises(LaunchError, match="--time"):
+        SlurmJob(command=["python", "t.py"], time=time)
+
+
+def test_slurm_command_with_control_characters_other_than_tab_and_newline_is_refused():
+    with pytest.raises(LaunchError, match="training command.*control character"):
+        SlurmJob(command=["python", "t.py", "a\rb"])
+
+
+def _sbatch_options(script: str) -> list[str]:
+    """The #SBATCH lines as sbatch reads them: up to the first line that is not a comment."""
+    options = []
+    for line in script.splitlines()[1:]:
+        if not line.lstrip().startswith("#") and line.strip():
+            break
+        if line.startswith("#SBATCH "):
+            options.append(line[len("#SBATCH "):])
+    return options
+
+
+def test_slurm_hostile_but_valid_values_stay_data(tmp_path):
+    """Values Slurm and bash can carry verbatim (paths with spaces, '#', quotes, '$(...)'; any training
+    argument) are quoted: the header, run by bash, gives each back exactly and runs nothing."""
+    marker = tmp_path / "injected"
+    hostile = [f"$(touch {marker})", f"`touch {marker}`", f"x; touch {marker}", f"a\ntouch {marker}",
+               "it's", 'say "hi"', "tab\there", "100%", "#not-a-comment", "\\", "$HOME", "*"]
+    results = f"/lustre/runs #1 $(touch {marker}) 'q' \"d\" 100%"
+    job = SlurmJob(command=["python", "t.py", *hostile], image="nvcr.io/nvidia/nemo:24.09",
+                   mounts=["/lustre:/lustre"], workdir=f"/lustre/w `touch {marker}`", label=f"l'$(touch {marker})",
+                   results_dir=results, partition="batch,debug", account="proj_1.a", job_name="llama-70b_4n.v2")
+    script = render_sbatch(job, now=FIXED_TIME)
+    header = script[:script.index("# ---- job body ----")]
+    probe = tmp_path / "probe.sh"
+    probe.write_text(header + 'printf "%s\\0" "$IMAGE" "$MOUNTS" "$WORKDIR" "$LABEL" "$RESULTS" "$@"\n')
+    result = subprocess.run(["bash", str(probe)], capture_output=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    values = result.stdout.decode().split("\0")[:-1]
+    assert values == ["nvcr.io/nvidia/nemo:24.09", "/lustre:/lustre", job.workdir, job.label, results,
+                      "python", "t.py", *hostile]
+    assert not marker.exists()
+    options = _sbatch_options(script)
+    assert {"--job-name=llama-70b_4n.v2", "--partition=batch,debug", "--account=proj_1.a"} <= set(options)
+    assert len(options) == 9 and options[6].startswith('--output="/lustre/runs #1 $(touch ')
+
+
+@pytest.mark.parametrize("args, message", [
+    (["slurm", "--partition", f"batch\ntouch {MARKER}", "--", "python", "t.py"], "--partition"),
+    (["slurm", "--job-name", "a b", "--", "python", "t.py"], "--job-name 'a b'"),
+    (["slurm", "--account", "$(id)", "--", "python", "t.py"], "--account '$(id)'"),
+    (["slurm", "--results-dir", f"runs\ntouch {MARKER}", "--", "python", "t.py"], "control character"),
+    (["slurm", "--partitoin", "batch", "--", "python", "t.py"],
+     "unrecognized arguments before `--`: --partitoin batch"),
+    (["slurm", "--partitoin=batch", "python", "t.py"], "unrecognized option '--partitoin=batch'"),
+    (["k8s", "--image", "nemo:1", "--namespace", "Team_A", "--", "python", "t.py"], "--namespace 'Team_A'"),
+    (["k8s", "--image", "nemo:1", "--job-name", "demo\n", "--", "python", "t.py"], "--job-name 'demo\\n'"),
+])
+def test_hostile_launch_requests_write_nothing(args, message, tmp_path):
+    result = cli(*args, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- Kubernetes names and $(VAR)
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """What the kubelet does to a container's command, args and env values (Kubernetes API reference,
+    Container.args): `$(NAME)` becomes NAME's value when NAME is defined, else stays as written;
+    `$$` becomes `$`, so `$$(NAME)` gives the literal `$(NAME)`."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("$(", i) and text.find(")", i) != -1:
+            end = text.find(")", i)
+            out.append(env.get(text[i + 2:end], text[i:end + 1]))
+            i = end + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+POD_ENV = {"POD_NAME": "demo-master-0", "NODE_NAME": "k8s-node-1", "JOB_NAME": "demo", "RESULTS": "/results",
+           "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1",
+           "PET_MASTER_PORT": "23456", "MASTER_ADDR": "127.0.0.1", "REPEAT": "1", "HOME": "/root"}
+DOLLAR_ARGS = ["$(POD_NAME)", "$$(NODE_NAME)", "$$", "cost=$5", "$(touch /tmp/x)", "`id`", "a;b", "it's",
+               "$(", "$HOME", "${local_rank}", "$local_rank"]
+
+
+def _args_after_kubelet(manifest, replica="Master"):
+    container = _container(manifest, replica)
+    env = {**POD_ENV, **{item["name"]: kubelet_expand(item["value"], POD_ENV)
+                         for item in container["env"] if "value" in item}}
+    return [kubelet_expand(arg, env) for arg in container["args"]], env
+
+
+def _args_the_script_gets(manifest, replica="Master", local_rank="0"):
+    """Through the kubelet, then through torchrun's agent, which substitutes its ${local_rank} macro
+    into every argument of the worker (torch.distributed.elastic: macros.substitute)."""
+    from torch.distributed.elastic.utils.api import macros
+
+    args, env = _args_after_kubelet(manifest, replica)
+    return macros.substitute(args[2:], local_rank), env  # after the script and its $0
+
+
+def test_kubernetes_args_and_label_reach_the_training_script_verbatim():
+    job = KubernetesJob(command=["python", "t.py", *DOLLAR_ARGS], image="nemo:1", nodes=2, job_name="demo",
+                        label="run-$(NODE_NAME)")
+    manifest = render_manifest(job)
+    validate_manifest(manifest)
+    for replica in ("Master", "Worker"):
+        args, env = _args_the_script_gets(manifest, replica)
+        assert args == ["t.py", *DOLLAR_ARGS]
+        assert env["NEMO_THROUGHPUT_RUN_LABEL"] == "run-$(NODE_NAME)"
+
+
+def test_kubernetes_expand_env_leaves_references_to_the_kubelet_and_torchrun():
+    job = KubernetesJob(command=["python", "t.py", "--node=$(NODE_NAME)", "--rank=${local_rank}"], image="nemo:1",
+                        job_name="demo", label="run-$(POD_NAME)", expand_env=True)
+    args, env = _args_the_script_gets(render_manifest(job), local_rank="3")
+    assert args == ["t.py", "--node=k8s-node-1", "--rank=3"]
+    assert env["NEMO_THROUGHPUT_RUN_LABEL"] == "run-demo-master-0"
+
+
+def test_the_pod_script_is_untouched_by_the_kubelet():
+    """The template's own bash uses $(...) and $((...)): none of it may name a variable the kubelet knows."""
+    script, _ = pod_script(render_manifest(K8S_JOBS["k8s-runai-rdma.yaml"]))
+    names = set(POD_ENV) | {"KUBERNETES_SERVICE_HOST", "WORLD_SIZE", "RANK", "MASTER_PORT", "PYTHONUNBUFFERED"}
+    assert kubelet_expand(script, {name: "X" for name in names}) == script
+
+
+KUBERNETES_NAMES = [
+    (dict(namespace="Team_A"), "--namespace 'Team_A'"),
+    (dict(namespace="a" * 64), "--namespace"),
+    (dict(namespace="team-a\n"), "--namespace"),
+    (dict(job_name="demo\n"), "--job-name"),
+    (dict(queue="team a"), "--queue 'team a'"),
+    (dict(queue="$(POD_NAME)"), "--queue"),
+    (dict(queue="q" * 64), "--queue"),
+    (dict(queue="-team"), "--queue"),
+    (dict(queue="team-a", queue_label="runai/queue/x"), "--queue-label"),
+    (dict(queue="team-a", queue_label="Bad_Domain/queue"), "--queue-label"),
+    (dict(queue="team-a", queue_label="queue label"), "--queue-label"),
+    (dict(queue="team-a", queue_label="kai.scheduler/" + "q" * 64), "--queue-label"),
+    (dict(rdma_resource="ib", rdma_count=8), "--rdma-resource 'ib'"),
+    (dict(rdma_resource="rdma ib", rdma_count=8), "--rdma-resource"),
+    (dict(rdma_resource="nvidia.com/gpu", rdma_count=8), "--rdma-resource 'nvidia.com/gpu'"),
+    (dict(rdma_resource="kubernetes.io/ib", rdma_count=8), "--rdma-resource"),
+    (dict(scheduler_name="Runai Scheduler"), "--scheduler-name"),
+    (dict(scheduler_name="runai\nscheduler"), "--scheduler-name"),
+    (dict(summary_volume="Runs_1"), "--summary-volume"),
+    (dict(image="nemo:1\nx"), "--image"),
+    (dict(image="nemo 1"), "--image"),
+    (dict(image="$(IMAGE)"), "--image"),
+    (dict(label="a\nb"), "--label"),
+    (dict(command=["python", "t.py", "a\x1bb"]), "training command"),
+]
+
+
+@pytest.mark.parametrize("fields, message", KUBERNETES_NAMES, ids=[m for _, m in KUBERNETES_NAMES])
+def test_kubernetes_names_outside_their_syntax_are_refused(fields, message):
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        KubernetesJob(**{"command": ["python", "t.py"], "image": "nemo:1", "job_name": "demo", **fields})
+
+
+def test_kubernetes_valid_names_at_their_limits_are_accepted():
+    job = KubernetesJob(command=["python", "t.py"], image="registry.example.com:5000/team/nemo@sha256:" + "a" * 64,
+                        namespace="a" * 63, queue="Q" * 62 + "1", queue_label="kai.scheduler/queue",
+                        rdma_resource="nvidia.com/hostdev", rdma_count=1, scheduler_name="kai-scheduler",
+                        summary_volume="runs.v1", job_name="demo")
+    validate_manifest(render_manifest(job))
+
+
+@pytest.mark.slow
+def test_pod_script_passes_hostile_args_through_torchrun_verbatim(tmp_path):
+    """The pod's `bash -c <script> nemo-throughput <args>` with the args as the kubelet hands them over:
+    torchrun starts the script with exactly the user's arguments and nothing runs from them."""
+    marker = tmp_path / "injected"
+    show = tmp_path / "show_args.py"
+    show.write_text("import json, os, sys\n"
+                    "out = os.environ['NEMO_THROUGHPUT_OUTPUT_DIR']\n"
+                    "os.makedirs(out)\n"
+                    "open(os.path.join(out, 'args.json'), 'w').write(json.dumps(sys.argv[1:]))\n")
+    hostile = [f"$(touch {marker})", f"`touch {marker}`", f"x; touch {marker}", f"a\ntouch {marker}", "it's",
+               "$(POD_NAME)", "$$", "$HOME", "${local_rank}"]
+    job = KubernetesJob(command=["python", str(show), *hostile], image="nemo:1", gpus_per_node=1, job_name="demo")
+    manifest = render_manifest(job)
+    args, env = _args_after_kubelet(manifest)
+    env.update(RESULTS=str(tmp_path), PET_MASTER_PORT=str(free_port()),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    pod = subprocess.run(["bash", "-c", *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert pod.returncode == 0, pod.stdout + pod.stderr
+    assert read_json(tmp_path / "demo" / "repeat-1" / "args.json") == hostile
+    assert not marker.exists()

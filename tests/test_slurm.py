@@ -54,3 +54,40 @@ def test_demo_across_two_nodes_through_the_generated_sbatch(cluster, tmp_path):
         assert summary["hardware"]["num_nodes"] == 2 and summary["hardware"]["num_gpus"] == 2
         assert summary["parallel"]["data"] == 2 and summary["timing"]["steps_measured"] == 6
     assert "repeat 2 of 2 on node[01-02]" in log.read_text()
+
+
+def test_hostile_values_reach_the_job_as_data(cluster, tmp_path):
+    """One job carries every value Slurm and bash can take verbatim but a careless script would run:
+    command substitution, backticks, `;`, new lines, quotes, '#' and '%' in the results path, a file
+    name that looks like an sbatch option. The job completes, each value arrives exactly, nothing runs."""
+    bin_dir = Path(sys.executable).parent
+    env = {**cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    marker = tmp_path / "injected"
+    show = tmp_path / "show_args.py"
+    show.write_text("import json, os, sys\n"
+                    "out = os.environ['NEMO_THROUGHPUT_OUTPUT_DIR']\n"
+                    "os.makedirs(out)\n"
+                    "label = os.environ['NEMO_THROUGHPUT_RUN_LABEL']\n"
+                    "seen = {'args': sys.argv[1:], 'cwd': os.getcwd(), 'label': label}\n"
+                    "json.dump(seen, open(os.path.join(out, 'seen.json'), 'w'))\n")
+    hostile = [f"$(touch {marker})", f"`touch {marker}`", f"x; touch {marker}", f"a\ntouch {marker}", "it's",
+               'say "hi"', "#not-a-comment", "100%", "$SLURM_JOB_ID", "*"]
+    workdir = tmp_path / "work dir `touch injected` 'q'"  # a relative marker: no '/' in a file name
+    workdir.mkdir()
+    results = tmp_path / "runs #1 $(touch injected) \"d\" 100%"
+    label = f"it's $(touch {marker})"
+    result = subprocess.run([bin_dir / "nemo-throughput", "launch", "slurm", "--nodes", "1", "--gpus-per-node", "1",
+                             "--job-name", "hostile-1.v2", "--partition", "batch", "--time", "5", "--label", label,
+                             "--workdir", str(workdir), "--results-dir", str(results), "--output=-h.sbatch",
+                             "--submit", "--", "python", str(show), *hostile],
+                            capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    job_id = re.search(r"submitted: job (\d+)", result.stdout).group(1)
+    state = cluster.wait_for_job(job_id, timeout_s=120)
+    log = results / f"slurm-{job_id}.out"  # '#' and '%' in --output were taken literally
+    assert state == "COMPLETED", (log.read_text() if log.exists() else "no log") + cluster.logs()
+    assert "repeat 1 of 1" in log.read_text()
+    seen = read_json(results / job_id / "repeat-1" / "seen.json")
+    assert seen == {"args": hostile, "cwd": str(workdir), "label": label}
+    assert "JobName=hostile-1.v2" in cluster.scontrol("show", "job", job_id).stdout
+    assert not marker.exists() and not list(tmp_path.rglob("injected"))

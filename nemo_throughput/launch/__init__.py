@@ -24,11 +24,36 @@ def require_positive(name: str, value: int) -> None:
 
 
 def require_command(command: list[str]) -> list[str]:
-    command = command[1:] if command[:1] == ["--"] else command
+    """The training command from what follows the launcher's own options.
+
+    Anything before the first `--` is an option the launcher did not recognise (a misspelt
+    `--partitoin batch` must not quietly become the start of the training command).
+    """
+    if "--" in command:
+        unrecognised, command = command[:command.index("--")], command[command.index("--") + 1:]
+        if unrecognised:
+            raise LaunchError(f"unrecognized arguments before `--`: {shlex.join(unrecognised)} "
+                              "(see --help for the launcher's options)")
+    elif command and command[0].startswith("-"):
+        raise LaunchError(f"unrecognized option {command[0]!r}; put the training command after `--`")
     if not command:
         raise LaunchError("no training command: put it after `--`, e.g. "
                           "`-- python train.py +callbacks=throughput`")
+    for arg in command:
+        require_no_control_characters("the training command", arg, allowed="\t\n")
     return command
+
+
+def require_no_control_characters(name: str, value: str, allowed: str = "") -> None:
+    """Refuse C0/C1 control characters (new lines, carriage returns, escapes, NUL) in `value`.
+
+    A new line ends an #SBATCH directive and starts a shell command; a carriage return makes sbatch
+    refuse the script; terminal escapes rewrite what the user sees. `allowed` lists the exceptions
+    (a quoted shell word may hold tabs and new lines).
+    """
+    for char in value:
+        if (ord(char) < 0x20 or 0x7f <= ord(char) < 0xa0) and char not in allowed:
+            raise LaunchError(f"{name} {value!r} contains the control character {char!r}: remove it")
 
 
 def submit(tool: str, path: Path) -> str:
@@ -36,6 +61,8 @@ def submit(tool: str, path: Path) -> str:
     if shutil.which(tool) is None:
         raise LaunchError(f"--submit needs `{tool}` on PATH; without --submit the file is written for you "
                           f"to submit: {path}")
+    # absolute, so that a file named like an option (`-h.sbatch`) is never read as one
+    path = path.resolve()
     command = [tool, str(path)] if tool == "sbatch" else [tool, "apply", "-f", str(path)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 import sys
 from pathlib import Path
 
@@ -44,6 +45,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     k8s.add_argument("--queue", help="scheduler queue, set as the label --queue-label on the job and pods")
     k8s.add_argument("--queue-label", default="runai/queue", help="label key for --queue (default runai/queue)")
     k8s.add_argument("--summary-volume", help="PersistentVolumeClaim mounted at /results for the summaries")
+    k8s.add_argument("--expand-env", action="store_true",
+                     help="let Kubernetes expand $(VAR) in the training command and --label, and torchrun its "
+                          "${local_rank}; by default every $ is escaped and the command reaches the script as written")
 
 
 def _job_arguments(parser: argparse.ArgumentParser, suffix: str) -> None:
@@ -86,7 +90,11 @@ def launch_slurm(args: argparse.Namespace, command: list[str]) -> None:
         Path(results_dir).mkdir(parents=True, exist_ok=True)  # sbatch writes its --output there
     print(f"wrote {path}")
     if args.submit:
-        job_id = submit("sbatch", path).split()[-1]  # "Submitted batch job 123"
+        reply = submit("sbatch", path)
+        submitted = re.search(r"Submitted batch job (\d+)", reply)
+        if not submitted:
+            raise LaunchError(f"sbatch did not report a job id for {path}; it said: {reply!r}")
+        job_id = submitted.group(1)
         print(f"submitted: job {job_id}; summaries in {results_dir}/{job_id}/")
 
 
@@ -95,7 +103,7 @@ def launch_kubernetes(args: argparse.Namespace, command: list[str]) -> None:
         command=command, image=args.image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         namespace=args.namespace, rdma_resource=args.rdma_resource, rdma_count=args.rdma_count,
         scheduler_name=args.scheduler_name, queue=args.queue, queue_label=args.queue_label,
-        summary_volume=args.summary_volume, repeat=args.repeat, label=args.label,
+        summary_volume=args.summary_volume, repeat=args.repeat, label=args.label, expand_env=args.expand_env,
         # a PyTorchJob name is unique in its namespace and keys the results: one per launch
         job_name=args.job_name or f"nemo-throughput-{dt.datetime.now():%m%d-%H%M%S}",
     )

@@ -13,13 +13,25 @@ from typing import Any
 
 import yaml
 
-from nemo_throughput.launch import TEMPLATES, LaunchError, require_command, require_positive
+from nemo_throughput.launch import (
+    TEMPLATES,
+    LaunchError,
+    require_command,
+    require_no_control_characters,
+    require_positive,
+)
 
 TEMPLATE = TEMPLATES / "kubernetes" / "pytorchjob.yaml"
 RESULTS_MOUNT = "/results"
 KUBERNETES_VERSION = "1.31"  # schema version the pod templates are validated against
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_PYTHON = re.compile(r"^(.*/)?python(3(\.\d+)?)?$")
+GPU_RESOURCE = "nvidia.com/gpu"
+_PYTHON = re.compile(r"(.*/)?python(3(\.\d+)?)?")
+# Kubernetes' name rules (apimachinery validation): the API server refuses anything else.
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # Service names: the operator makes one per pod
+_DNS_1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_1123_SUBDOMAIN = re.compile(rf"{_DNS_1123_LABEL}(\.{_DNS_1123_LABEL})*")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")  # also a label key's name part
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*")  # [registry[:port]/]path[:tag][@digest]
 
 
 @dataclass
@@ -38,10 +50,11 @@ class KubernetesJob:
     repeat: int = 1
     label: str | None = None
     job_name: str = "nemo-throughput"
+    expand_env: bool = False  # let the kubelet expand $(VAR) (and torchrun ${local_rank}) in the command
 
     def __post_init__(self) -> None:
         command = require_command(self.command)
-        if not _PYTHON.match(command[0]) or len(command) < 2:
+        if not _PYTHON.fullmatch(command[0]) or len(command) < 2:
             raise LaunchError("in each pod torchrun starts the training processes, so the command must be "
                               f"`python <script or -m module> ...`; got `{' '.join(command)}`")
         self.command = command
@@ -55,15 +68,60 @@ class KubernetesJob:
                               "--rdma-count 8)")
         if self.rdma_count is not None:
             require_positive("--rdma-count", self.rdma_count)
+        for flag, value in (("--job-name", self.job_name), ("--namespace", self.namespace), ("--image", self.image),
+                            ("--label", self.label), ("--queue", self.queue), ("--queue-label", self.queue_label),
+                            ("--rdma-resource", self.rdma_resource), ("--scheduler-name", self.scheduler_name),
+                            ("--summary-volume", self.summary_volume)):
+            if value is not None:
+                require_no_control_characters(flag, value)
+        self._check_names()
+
+    def _check_names(self) -> None:
         # Pods are named <job>-worker-<index>, which must stay a 63-character DNS label.
-        if not _DNS_1035.match(self.job_name) or len(self.job_name) > 50:
+        if not _DNS_1035.fullmatch(self.job_name) or len(self.job_name) > 50:
             raise LaunchError(f"--job-name {self.job_name!r} must be lower-case letters, digits and '-', "
                               "start with a letter and have at most 50 characters")
+        if not _dns_label(self.namespace):
+            raise LaunchError(f"--namespace {self.namespace!r} is not a Kubernetes namespace: lower-case letters, "
+                              "digits and '-', starting and ending with a letter or digit, at most 63 characters")
+        if not _IMAGE.fullmatch(self.image):
+            raise LaunchError(f"--image {self.image!r} is not an image reference: [registry/]name[:tag][@digest], "
+                              "without spaces or shell characters")
+        if self.queue is not None:
+            _check_label("--queue", self.queue)
+            _check_label_key("--queue-label", self.queue_label)
+        if self.rdma_resource is not None:
+            _check_extended_resource("--rdma-resource", self.rdma_resource)
+        for flag, value, what in (("--scheduler-name", self.scheduler_name, "scheduler name"),
+                                  ("--summary-volume", self.summary_volume, "PersistentVolumeClaim name")):
+            if value is not None and not _dns_subdomain(value):
+                raise LaunchError(f"{flag} {value!r} is not a Kubernetes {what}: lower-case letters, digits, "
+                                  "'-' and '.', starting and ending with a letter or digit, at most 253 characters")
 
     @property
     def script_args(self) -> list[str]:
-        """What follows the pod script: $0, then the command as torchrun takes it."""
-        return ["nemo-throughput", *self.command[1:]]
+        """What follows the pod script: $0, then the command as torchrun takes it.
+
+        Two layers rewrite `$` on the way to the training script: the kubelet expands `$(VAR)` in a
+        container's args and env values (`$$` gives `$`), and torchrun's agent runs every argument
+        through string.Template for its `${local_rank}` macro (`$$` gives `$` again). Each `$` is
+        doubled once per layer so that the script gets the arguments as written; with expand_env
+        both expansions happen, as they would for the command typed into a pod spec by hand.
+        """
+        if self.expand_env:
+            return ["nemo-throughput", *self.command[1:]]
+        return ["nemo-throughput", *(_dollars_escaped(_dollars_escaped(arg)) for arg in self.command[1:])]
+
+    @property
+    def run_label_value(self) -> str:
+        """The label as the NEMO_THROUGHPUT_RUN_LABEL env value, which the kubelet expands too."""
+        label = self.label or ""
+        return label if self.expand_env else _dollars_escaped(label)
+
+
+def _dollars_escaped(text: str) -> str:
+    """Every `$` doubled: the kubelet and string.Template both read `$$` as one literal `$`."""
+    return text.replace("$", "$$")
 
 
 def render_manifest(job: KubernetesJob) -> dict[str, Any]:
@@ -92,19 +150,56 @@ def _fill_pod(pod: dict[str, Any], job: KubernetesJob) -> None:
         spec["schedulerName"] = job.scheduler_name
     (container,) = spec["containers"]
     container["image"] = job.image
+    # args[0] is the template's script; what follows reaches torchrun as "$@", never as shell code
     container["args"] = [container["args"][0], *job.script_args]
     env = {item["name"]: item for item in container["env"]}
     env["NEMO_THROUGHPUT_IMAGE"]["value"] = job.image
-    env["NEMO_THROUGHPUT_RUN_LABEL"]["value"] = job.label or ""
+    env["NEMO_THROUGHPUT_RUN_LABEL"]["value"] = job.run_label_value
     env["REPEAT"]["value"] = str(job.repeat)
     limits = container["resources"]["limits"]
-    limits["nvidia.com/gpu"] = str(job.gpus_per_node)
+    limits[GPU_RESOURCE] = str(job.gpus_per_node)
     if job.rdma_resource:
         limits[job.rdma_resource] = str(job.rdma_count)
     if job.summary_volume:
         (results,) = [v for v in spec["volumes"] if v["name"] == "results"]
         results.pop("emptyDir")
         results["persistentVolumeClaim"] = {"claimName": job.summary_volume}
+
+
+def _dns_label(name: str) -> bool:
+    return len(name) <= 63 and re.fullmatch(_DNS_1123_LABEL, name) is not None
+
+
+def _dns_subdomain(name: str) -> bool:
+    return len(name) <= 253 and _DNS_1123_SUBDOMAIN.fullmatch(name) is not None
+
+
+def _check_label(flag: str, value: str) -> None:
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+        raise LaunchError(f"{flag} {value!r} is not a Kubernetes label value: letters, digits, '-', '_' and '.', "
+                          "starting and ending with a letter or digit, at most 63 characters")
+
+
+def _check_label_key(flag: str, key: str) -> None:
+    """A qualified name: an optional DNS subdomain prefix and '/', then a name like a label value."""
+    prefix, _, name = key.rpartition("/")
+    if (not name or len(name) > 63 or not _LABEL_VALUE.fullmatch(name)
+            or (prefix and not _dns_subdomain(prefix)) or key.startswith("/")):
+        raise LaunchError(f"{flag} {key!r} is not a Kubernetes label key: [prefix/]name, the prefix a DNS "
+                          "subdomain (e.g. kai.scheduler), the name letters, digits, '-', '_' and '.' (at most 63)")
+
+
+def _check_extended_resource(flag: str, resource: str) -> None:
+    """A device plugin's resource: domain/name, outside kubernetes.io, and not the GPUs themselves."""
+    prefix, _, name = resource.rpartition("/")
+    if not prefix or not name or not _dns_subdomain(prefix) or len(name) > 63 or not _LABEL_VALUE.fullmatch(name):
+        raise LaunchError(f"{flag} {resource!r} is not an extended resource name: domain/name, e.g. rdma/ib or "
+                          "nvidia.com/hostdev")
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        raise LaunchError(f"{flag} {resource!r}: the kubernetes.io domain is reserved for Kubernetes' own resources")
+    if resource == GPU_RESOURCE:
+        raise LaunchError(f"{flag} {resource!r} would replace the GPU limit that --gpus-per-node sets: give the "
+                          "RDMA device's own resource, e.g. rdma/ib")
 
 
 class _ManifestDumper(yaml.SafeDumper):

@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import datetime as dt
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from nemo_throughput.launch import TEMPLATES, LaunchError, require_command, require_positive
+from nemo_throughput.launch import (
+    TEMPLATES,
+    LaunchError,
+    require_command,
+    require_no_control_characters,
+    require_positive,
+)
 
 TEMPLATE = TEMPLATES / "slurm" / "benchmark.sbatch"
 BODY_MARKER = "# ---- job body ----"
-_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")  # minutes, [D-]HH[:MM[:SS]]
+# sbatch reads #SBATCH lines with its own tokenizer, not a shell: whitespace splits, quotes group,
+# '\' escapes, an unquoted '#' starts a comment and a new line ends the directive (the next line,
+# not a comment, is where the script starts). Names are therefore kept to characters that mean
+# nothing to it; a path is quoted for it (_directive_value).
+_SLURM_NAME = r"[A-Za-z0-9_][A-Za-z0-9._+-]*"
+_NAME = re.compile(_SLURM_NAME)
+_PARTITIONS = re.compile(rf"{_SLURM_NAME}(,{_SLURM_NAME})*")  # sbatch takes a list of partitions
+_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # minutes, [D-]HH[:MM[:SS]]
+# Pyxis: [USER@][REGISTRY#]IMAGE[:TAG][@DIGEST] or the path of a squashfs file
+_IMAGE = re.compile(r"[A-Za-z0-9._/][A-Za-z0-9._:/@#+~-]*")
+_MOUNT_FLAGS = re.compile(r"[A-Za-z0-9._=-]+(\+[A-Za-z0-9._=-]+)*")  # Pyxis joins enroot's flags with '+'
+_NAME_RULE = "letters, digits and . _ + - (starting with a letter, a digit or _)"
 
 
 @dataclass
@@ -36,14 +54,13 @@ class SlurmJob:
         require_positive("--nodes", self.nodes)
         require_positive("--gpus-per-node", self.gpus_per_node)
         require_positive("--repeat", self.repeat)
+        self._check_text_fields()
+        self._check_names()
         if self.mounts and not self.image:
             raise LaunchError("--mounts applies to a container: give --image too (or drop --mounts to run on "
                               "the hosts)")
         for mount in self.mounts:
-            if len(mount.split(":")) not in (2, 3) or not all(mount.split(":")[:2]):
-                raise LaunchError(f"--mounts entry {mount!r} is not src:dst[:flags]")
-        if self.time is not None and not _TIME.match(self.time):
-            raise LaunchError(f"--time {self.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
+            _check_mount(mount)
         if self.image and not PurePosixPath(self.results_dir).is_absolute():
             raise LaunchError("with --image the summaries are written inside the container: give an absolute "
                               "--results-dir on a mounted file system")
@@ -51,9 +68,37 @@ class SlurmJob:
             raise LaunchError(f"--results-dir {self.results_dir} is not under any --mounts destination: the "
                               "summaries would stay in the container; mount it (e.g. --mounts /lustre:/lustre)")
 
+    def _check_text_fields(self) -> None:
+        """No field may hold a control character: a new line would end its #SBATCH line or shell word."""
+        for flag, value in (("--job-name", self.job_name), ("--partition", self.partition),
+                            ("--account", self.account), ("--time", self.time), ("--image", self.image),
+                            ("--workdir", self.workdir), ("--label", self.label),
+                            ("--results-dir", self.results_dir)):
+            if value is not None:
+                require_no_control_characters(flag, value)
+        if "\\" in self.results_dir:  # Slurm: a '\' in --output turns off its %j replacement
+            raise LaunchError(f"--results-dir {self.results_dir!r} contains '\\', which Slurm's --output does not "
+                              "take literally: choose a directory without it")
+
+    def _check_names(self) -> None:
+        if not _NAME.fullmatch(self.job_name):
+            raise LaunchError(f"--job-name {self.job_name!r} is not a job name this launcher writes: use {_NAME_RULE}")
+        if self.partition is not None and not _PARTITIONS.fullmatch(self.partition):
+            raise LaunchError(f"--partition {self.partition!r} is not a Slurm partition name: use {_NAME_RULE}; "
+                              "several partitions are separated by commas")
+        if self.account is not None and not _NAME.fullmatch(self.account):
+            raise LaunchError(f"--account {self.account!r} is not a Slurm account name: use {_NAME_RULE}")
+        if self.time is not None and not _TIME.fullmatch(self.time):
+            raise LaunchError(f"--time {self.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
+        if self.image is not None and not _IMAGE.fullmatch(self.image):
+            raise LaunchError(f"--image {self.image!r} is not a container image Pyxis takes: "
+                              "[USER@][REGISTRY#]IMAGE[:TAG] or the path of a squashfs file, without spaces or "
+                              "shell characters")
+
     def _mounted(self, path: str) -> bool:
-        destinations = [PurePosixPath(m.split(":")[1]) for m in self.mounts]
-        return any(PurePosixPath(path).is_relative_to(d) for d in destinations)
+        # normalised first: /lustre/../etc is not under /lustre
+        destinations = [PurePosixPath(posixpath.normpath(m.split(":")[1])) for m in self.mounts]
+        return any(PurePosixPath(posixpath.normpath(path)).is_relative_to(d) for d in destinations)
 
     def sbatch_options(self) -> list[str]:
         options = [
@@ -63,7 +108,8 @@ class SlurmJob:
             f"--gpus-per-node={self.gpus_per_node}",
             "--exclusive",
             "--mem=0",
-            f"--output={self.results_dir}/slurm-%j.out",
+            # '%' is Slurm's file name pattern character: %% keeps one from the directory literally
+            f"--output={_directive_value(self.results_dir.replace('%', '%%') + '/slurm-%j.out')}",
         ]
         options += [f"--{name}={value}" for name, value in
                     (("time", self.time), ("partition", self.partition), ("account", self.account)) if value]
@@ -102,3 +148,32 @@ def render_sbatch(job: SlurmJob, now: dt.datetime | None = None) -> str:
 def _shell_value(value: str) -> str:
     # $PWD stays an expansion; everything else is quoted literally.
     return '"$PWD"' if value == "$PWD" else shlex.quote(value)
+
+
+def _check_mount(mount: str) -> None:
+    """One --mounts entry as Pyxis parses it: SRC:DST[:FLAGS], entries separated by commas."""
+    require_no_control_characters("--mounts entry", mount)
+    if re.search(r"\s", mount):
+        raise LaunchError(f"--mounts entry {mount!r} holds whitespace: Pyxis hands mounts to enroot as fstab "
+                          "lines, where whitespace separates fields; mount a path without it")
+    parts = mount.split(":")
+    if "," in mount or len(parts) not in (2, 3) or not all(parts[:2]):
+        raise LaunchError(f"--mounts entry {mount!r} is not src:dst[:flags] (entries are separated by commas)")
+    source, destination = parts[:2]
+    if not (source.startswith(("/", ".")) or source in ("tmpfs", "umount")):
+        raise LaunchError(f"--mounts entry {mount!r}: the source must be an absolute or relative path "
+                          "('/...' or './...'), tmpfs or umount (Pyxis' rule)")
+    if not destination.startswith(("/", ".")):
+        raise LaunchError(f"--mounts entry {mount!r}: the destination must be an absolute or relative path "
+                          "('/...' or './...')")
+    if len(parts) == 3 and not _MOUNT_FLAGS.fullmatch(parts[2]):
+        raise LaunchError(f"--mounts entry {mount!r}: the flags must be mount options joined with '+', "
+                          "e.g. ro or ro+rprivate")
+
+
+def _directive_value(value: str) -> str:
+    """`value` as sbatch's #SBATCH reader gives it back verbatim: double-quoted, with '\\' and '"'
+    escaped, when it holds whitespace, quotes, '\\' or '#' (the reader's special characters)."""
+    if not re.search(r"[\s\"'\\#]", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
