@@ -1,51 +1,143 @@
-"""`nemo-throughput report`."""
+"""`nemo-throughput report`.
+
+Exit status: 0 when every summary was reported (runs that did not complete are left out with a
+note and still count as fine), 1 when some inputs were unusable and excluded but the others were
+reported, 2 when nothing could be reported (or the options are wrong)."""
 
 from __future__ import annotations
 
 import argparse
+import io
+import math
 import sys
 from pathlib import Path
 
-from nemo_throughput.report.runs import IncompleteRun, ReportError, Window, find_summaries, load_run
+from nemo_throughput.report.runs import IncompleteRun, ReportError, Run, Window, find_summaries, load_run
+from nemo_throughput.report.safe_text import printable
 from nemo_throughput.report.tables import build_report, render
+
+REPORTED, SOME_EXCLUDED, NOTHING_REPORTED = 0, 1, 2
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
         "report", help="tables (and plots) from many run summaries: scaling, environments, MFU, time to train",
         description="Groups runs by label, model and node count; repeats give mean and standard deviation "
-                    "(shown as mean ± 2σ).")
+                    "(shown as mean ± 2σ). Unusable summaries are listed on stderr and left out. Exit status: 0 "
+                    "all reported, 1 some summaries excluded, 2 nothing reported.")
     report.set_defaults(handler=run_report)
     report.add_argument("summaries", nargs="+", help="summary.json files or directories holding them")
     report.add_argument("--baseline", help="label the others are compared with, e.g. bare-metal")
-    report.add_argument("--tokens", type=float, default=1e12, help="token budget for time to train (1e12)")
+    report.add_argument("--tokens", type=token_budget, default=1e12, help="token budget for time to train (1e12)")
     report.add_argument("--format", choices=("table", "markdown", "csv", "json"), default="table")
-    report.add_argument("--plot", type=Path, help="write a PNG: tokens/s and MFU against GPU count")
+    report.add_argument("--output", type=Path, help="write the table (or markdown, CSV, JSON) to this file instead "
+                                                    "of stdout; its directory must exist")
+    report.add_argument("--plot", type=Path, help="write an image (.png, .svg or .pdf): tokens/s and MFU against "
+                                                  "GPU count; its directory must exist")
     report.add_argument("--window", help="count only these steps, e.g. 35:45, -10: or last (needs per-step "
                                          "times: imported runs, or steps.jsonl beside the summary)")
 
 
+def token_budget(text: str) -> float:
+    try:
+        tokens = float(text)
+    except ValueError:
+        tokens = math.nan
+    if not (math.isfinite(tokens) and tokens > 0):
+        raise argparse.ArgumentTypeError("must be a positive number of tokens, e.g. 1e12")
+    return tokens
+
+
 def run_report(args: argparse.Namespace) -> int:
+    _never_fail_on_unencodable_output()
     try:
         window = Window.parse(args.window) if args.window else None
-        runs, excluded = [], []
-        for path in find_summaries(args.summaries):
-            try:
-                runs.append(load_run(path, window))
-            except IncompleteRun as error:
-                excluded.append(str(error))
-        for reason in excluded:
-            print(f"excluded: {reason}", file=sys.stderr)
+        _check_destinations(args.output, args.plot)
+        paths, problems = find_summaries(args.summaries)
+        _require_not_an_input(args.output, paths)
+        runs, rejected = _load_runs(paths, problems, window)
         if not runs:
-            raise ReportError("no completed run to report on")
+            raise ReportError("no run left to report on")
         report = build_report(runs, tokens=args.tokens, baseline=args.baseline)
-        print(render(report, args.format), end="")
+        text = render(report, args.format)
         if args.plot:
             from nemo_throughput.report.plots import plot_report
 
             plot_report(report, args.plot)
-            print(f"plot: {args.plot}", file=sys.stderr)
+            say(f"plot: {args.plot}")
+        _write(text, args.output)
     except ReportError as error:
-        print(f"nemo-throughput report: {error}", file=sys.stderr)
-        return 2
-    return 0
+        say(f"nemo-throughput report: {error}")
+        return NOTHING_REPORTED
+    if rejected:
+        say(f"nemo-throughput report: {rejected} of {len(paths) + len(problems)} summaries were excluded as "
+            f"unusable (listed above); the report covers the other {len(runs)}")
+        return SOME_EXCLUDED
+    return REPORTED
+
+
+def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | None) -> tuple[list[Run], int]:
+    """The runs that can be reported; each that cannot is listed on stderr. Returns them and how
+    many inputs were unusable (runs that did not complete are left out, but are not unusable)."""
+    runs, rejected = [], len(problems)
+    for problem in problems:
+        say(f"excluded: {problem}")
+    for path in paths:
+        try:
+            run = load_run(path, window)
+        except IncompleteRun as note:
+            say(f"excluded: {note}")
+            continue
+        except ReportError as error:
+            say(f"excluded: {error}")
+            rejected += 1
+            continue
+        for note in run.notes:
+            say(f"note: {note}")
+        runs.append(run)
+    return runs, rejected
+
+
+def _check_destinations(output: Path | None, plot: Path | None) -> None:
+    """Before any work: each file given can be written where it is meant to go. A missing
+    directory is an error, not created: a typo should not leave new directories behind."""
+    from nemo_throughput.report.plots import IMAGE_SUFFIXES
+
+    if plot is not None and plot.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ReportError(f"--plot {plot}: the name must end in .png, .svg or .pdf (the image format)")
+    for option, path in (("--output", output), ("--plot", plot)):
+        if path is None:
+            continue
+        if path.is_dir():
+            raise ReportError(f"{option} {path} is a directory; give a file name")
+        if not path.parent.is_dir():
+            raise ReportError(f"{option} {path}: directory {path.parent} does not exist; create it first")
+    if output is not None and plot is not None and output.resolve() == plot.resolve():
+        raise ReportError(f"--output and --plot are the same file, {output}")
+
+
+def _require_not_an_input(output: Path | None, inputs: list[Path]) -> None:
+    if output is not None and output.resolve() in {path.resolve() for path in inputs}:
+        raise ReportError(f"--output {output} is one of the summaries read; write the report elsewhere")
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise ReportError(f"--output {output}: cannot write it ({error.strerror or error})") from error
+    say(f"report: {output}")
+
+
+def say(message: str) -> None:
+    """A line (or lines) on stderr, with anything that could drive the terminal removed."""
+    print("\n".join(printable(line) for line in str(message).split("\n")), file=sys.stderr)
+
+
+def _never_fail_on_unencodable_output() -> None:
+    """A terminal whose encoding lacks ± or a label's characters gets escapes, not a traceback."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")

@@ -5,10 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from nemo_throughput.report.runs import ReportError
+from nemo_throughput.report.safe_text import printable
 from nemo_throughput.report.tables import Report
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")  # what matplotlib writes without extra packages
 
 
 def plot_report(report: Report, path: Path) -> None:
+    """Write the plot to `path`, in the format its suffix names (one of IMAGE_SUFFIXES)."""
     try:
         import matplotlib
     except ImportError:
@@ -27,16 +31,17 @@ def plot_report(report: Report, path: Path) -> None:
                             key=lambda g: g.num_gpus)
             if not series:
                 continue
+            name = _plain(label)
             gpus = [g.num_gpus for g in series]
             throughput.errorbar(gpus, [g.tokens_per_s for g in series], yerr=[2 * g.tokens_per_s_std for g in series],
-                                marker="o", capsize=4, color=colors[label], label=label)
+                                marker="o", capsize=4, color=colors[label], label=name)
             throughput.plot(gpus, [g.perfect_linear_scale for g in series], linestyle="--", color=colors[label],
-                            alpha=0.6, label=f"{label}: perfect linear")
+                            alpha=0.6, label=f"{name}: perfect linear")
             if all(g.mfu is not None for g in series):
-                utilisation.plot(gpus, [100 * g.mfu for g in series], marker="o", color=colors[label], label=label)
-        throughput.set(title=f"{model}: tokens/s (mean ± 2σ)", xlabel="GPUs", ylabel="tokens/s")
+                utilisation.plot(gpus, [100 * g.mfu for g in series], marker="o", color=colors[label], label=name)
+        throughput.set(title=f"{_plain(model)}: tokens/s (mean ± 2σ)", xlabel="GPUs", ylabel="tokens/s")
         throughput.yaxis.set_major_formatter(matplotlib.ticker.EngFormatter())
-        utilisation.set(title=f"{model}: MFU", xlabel="GPUs", ylabel="MFU (%)")
+        utilisation.set(title=f"{_plain(model)}: MFU", xlabel="GPUs", ylabel="MFU (%)")
         for ax in row:  # linear axes: perfect linear scaling is a straight line
             ax.set_xticks(sorted({g.num_gpus for g in report.groups if g.model == model}))
             ax.set_xlim(left=0)
@@ -48,5 +53,16 @@ def plot_report(report: Report, path: Path) -> None:
             else:
                 ax.text(0.5, 0.5, "no peak FLOPs known: MFU n/a", ha="center", va="center", transform=ax.transAxes)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    try:
+        figure.savefig(path, dpi=120)
+    except OSError as error:
+        raise ReportError(f"--plot {path}: cannot write it ({error.strerror or error})") from error
+    finally:
+        plt.close(figure)
+
+
+def _plain(text: str) -> str:
+    """A label as matplotlib should draw it: printable, `$` not read as mathtext, and a leading `_`
+    (which would hide it from the legend) kept visible."""
+    text = printable(text).replace("$", r"\$")
+    return f" {text}" if text.startswith("_") else text

@@ -1,14 +1,20 @@
-"""Runs as the report sees them: one summary file each, with an optional window of steps."""
+"""Runs as the report sees them: one summary file each, with an optional window of steps.
+
+Every field the report uses is checked here, so that a summary is either reported right or
+rejected with a message naming the file, the field and what it must be."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_throughput.summary import read_summary
+from nemo_throughput.report.safe_text import printable
+from nemo_throughput.summary import STATUSES, USER_FLOPS, read_summary
 from nemo_throughput.throughput import Workload
 
 
@@ -60,14 +66,15 @@ class Run:
     num_gpus: int
     global_batch_size: int
     seq_length: int
-    flops_per_sample: float
-    flops_formula: str
+    flops_per_sample: float | None  # None: unknown, so TFLOPS and MFU are n/a
+    flops_formula: str  # a name of flops.FORMULAS, or summary.USER_FLOPS
     gpu_name: str
     dtype: str | None
     peak_tflops: float | None
     step_time_s: float  # mean global step time over the counted steps
     steps_counted: int
     window: str | None
+    notes: list[str] = field(default_factory=list)  # what was left out of the input, for the user
 
     @property
     def workload(self) -> Workload:
@@ -78,76 +85,251 @@ class Run:
     def setup(self) -> dict[str, Any]:
         """What must be equal for runs to be averaged or compared."""
         return {"global batch": self.global_batch_size, "sequence length": self.seq_length,
-                "FLOPs per sample": f"{self.flops_per_sample:.6g} ({self.flops_formula})", "GPU": self.gpu_name,
+                "FLOPs per sample": flops_text(self.flops_per_sample, self.flops_formula), "GPU": self.gpu_name,
                 "dtype": self.dtype}
+
+
+def flops_text(flops_per_sample: float | None, formula: str) -> str:
+    """FLOPs per sample and where they come from, e.g. `3.94e+15 (dgxc)`, `1.5e+12 (given by the user)`."""
+    if flops_per_sample is None:
+        return "unknown"
+    source = "given by the user" if formula == USER_FLOPS else printable(formula)
+    return f"{flops_per_sample:.6g} ({source})"
 
 
 def load_run(path: Path, window: Window | None = None) -> Run:
     """Read one summary; raise ReportError (naming the file) if it cannot be reported on."""
-    try:
-        summary = read_summary(path)
-    except ValueError as error:
-        raise ReportError(str(error)) from error
-    if summary["status"] != "completed":
-        raise IncompleteRun(f"{path}: status {summary['status']!r}{_error_of(summary)}: only completed runs are "
-                          "reported")
-    try:
-        timing, hardware, batch, model = summary["timing"], summary["hardware"], summary["batch"], summary["model"]
-        if window is None:
-            step_time_s = (timing["step_time_s"] or {}).get("mean")
-            counted = timing["steps_measured"]
-            if not step_time_s:
-                raise ReportError(f"{path}: no measured steps (the run was shorter than its warm-up)")
-            window_text = timing.get("window")
-        else:
-            selected = window.select(step_series(path, summary))
-            if not selected:
-                raise ReportError(f"{path}: --window {window.text} selects none of its steps "
-                                  f"({_step_range(step_series(path, summary))})")
-            step_time_s = statistics.fmean(t for _, t in selected)
-            counted, window_text = len(selected), window.text
-        return Run(path=path, label=summary["run"]["label"], model=model["name"], num_nodes=hardware["num_nodes"],
-                   num_gpus=hardware["num_gpus"], global_batch_size=batch["global_batch_size"],
-                   seq_length=batch["seq_length"], flops_per_sample=model["flops_per_sample"],
-                   flops_formula=model["flops_formula"], gpu_name=hardware["gpu_name"], dtype=hardware["dtype"],
-                   peak_tflops=hardware["peak_tflops"], step_time_s=step_time_s, steps_counted=counted,
-                   window=window_text)
-    except (KeyError, TypeError) as error:
-        raise ReportError(f"{path}: incomplete summary, {error!r} is missing") from error
+    summary = _read(path)
+    fields = Fields(str(path), summary)
+    _require_completed(fields)
+    step_time_s, counted, window_text, notes = _measured_step_time(path, fields, window)
+    run = Run(path=path, label=fields.text("run.label"), model=fields.text("model.name"),
+              num_nodes=fields.count("hardware.num_nodes"), num_gpus=fields.count("hardware.num_gpus"),
+              global_batch_size=fields.count("batch.global_batch_size"), seq_length=fields.count("batch.seq_length"),
+              flops_per_sample=fields.positive("model.flops_per_sample", optional=True),
+              flops_formula=fields.text("model.flops_formula"), gpu_name=fields.text("hardware.gpu_name"),
+              dtype=fields.text("hardware.dtype", optional=True),
+              peak_tflops=fields.positive("hardware.peak_tflops", optional=True),
+              step_time_s=step_time_s, steps_counted=counted, window=window_text, notes=notes)
+    _require_finite_metrics(run)
+    return run
 
 
-def step_series(path: Path, summary: dict[str, Any]) -> list[tuple[int, float]]:
-    """(step, global step time) of every step: in an imported summary, or in steps.jsonl beside it."""
-    embedded = summary["timing"].get("steps")
+class Fields:
+    """Checked access to the fields of a JSON document: each error names where the document is
+    from, the field, its value and what it must be."""
+
+    def __init__(self, where: str, document: Any) -> None:
+        self.where = where
+        self.document = document
+
+    def value(self, dotted: str, default: Any = ...) -> Any:
+        """The field at `a.b.c`; a missing one is an error unless a default is given."""
+        node, walked = self.document, []
+        for name in dotted.split("."):
+            if not isinstance(node, dict):
+                raise self.error(".".join(walked), node, "it must be an object")
+            walked.append(name)
+            if name not in node:
+                if default is not ...:
+                    return default
+                raise ReportError(f"{self.where}: {'.'.join(walked)} is missing")
+            node = node[name]
+        return node
+
+    def count(self, dotted: str) -> int:
+        value = self.value(dotted)
+        if not is_count(value):
+            raise self.error(dotted, value, "it must be an integer >= 1")
+        return value
+
+    def positive(self, dotted: str, *, optional: bool = False) -> float | None:
+        value = self.value(dotted)
+        if optional and value is None:
+            return None
+        if not is_positive_finite(value):
+            or_null = " or null (unknown)" if optional else ""
+            raise self.error(dotted, value, f"it must be a positive finite number{or_null}")
+        return float(value)
+
+    def text(self, dotted: str, *, optional: bool = False) -> str | None:
+        value = self.value(dotted)
+        if optional:
+            if value is not None and not isinstance(value, str):
+                raise self.error(dotted, value, "it must be a string or null")
+            return value
+        if not isinstance(value, str) or not value:
+            raise self.error(dotted, value, "it must be a non-empty string")
+        return value
+
+    def error(self, dotted: str, value: Any, requirement: str) -> ReportError:
+        return ReportError(f"{self.where}: {dotted} is {shown(value)}; {requirement}")
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def is_positive_finite(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:  # an integer beyond float range
+        return False
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A value as it may appear in a message: its repr (control characters escaped), shortened."""
+    return _shortened(repr(value), limit)
+
+
+def _shortened(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return read_summary(path)
+    except UnicodeDecodeError as error:
+        raise ReportError(f"{path}: not a readable JSON summary (not UTF-8 text: {error.reason} at byte "
+                          f"{error.start})") from error
+    except RecursionError as error:
+        raise ReportError(f"{path}: not a readable JSON summary (nested too deeply)") from error
+    except ValueError as error:  # read_summary's own name the file; json's (e.g. a 5000-digit number) do not
+        message = str(error)
+        raise ReportError(message if message.startswith(f"{path}:") else
+                          f"{path}: not a readable JSON summary ({message})") from error
+
+
+def _require_completed(fields: Fields) -> None:
+    status = fields.value("status")
+    if not isinstance(status, str) or status not in STATUSES:
+        raise ReportError(f"{fields.where}: status {shown(status)} is not one of {STATUSES}")
+    if status != "completed":
+        error = fields.value("error", None)
+        reason = f" ({_shortened(printable(error), 300)})" if error else ""
+        raise IncompleteRun(f"{fields.where}: status {status!r}{reason}: only completed runs are reported")
+
+
+def _measured_step_time(path: Path, fields: Fields, window: Window | None
+                        ) -> tuple[float, int, str | None, list[str]]:
+    """(mean step time, steps counted, window, notes): the summary's own, or recomputed over `window`."""
+    if window is None:
+        if fields.value("timing.step_time_s") is None or fields.value("timing.steps_measured") == 0:
+            raise ReportError(f"{path}: no measured steps (the run was shorter than its warm-up)")
+        window_text = fields.text("timing.window") if fields.value("timing.window", None) is not None else None
+        return fields.positive("timing.step_time_s.mean"), fields.count("timing.steps_measured"), window_text, []
+    steps, notes = _step_series(path, fields)
+    selected = window.select(steps)
+    if not selected:
+        raise ReportError(f"{path}: --window {window.text} selects none of its steps ({_step_range(steps)})")
+    return statistics.fmean(t for _, t in selected), len(selected), window.text, notes
+
+
+def _step_series(path: Path, fields: Fields) -> tuple[list[tuple[int, float]], list[str]]:
+    """(step, global step time) of every step, in step order, and notes: from an imported summary,
+    or from steps.jsonl beside it. Raises ReportError on any step it cannot trust."""
+    embedded = fields.value("timing.steps", None)
+    if embedded is not None and not isinstance(embedded, list):
+        raise fields.error("timing.steps", embedded, "it must be a list of [step, step time in s]")
     if embedded:
-        return [(int(n), float(t)) for n, t in embedded]
+        steps = [_embedded_step(fields, i, row) for i, row in enumerate(embedded)]
+        return _in_step_order(steps, f"{path}: timing.steps"), []
     jsonl = path.parent / "steps.jsonl"
     if not jsonl.exists():
         raise ReportError(f"{path}: --window needs per-step times, and this run has none (record them with "
                           "per_step_jsonl=true or +callbacks=throughput_debug)")
-    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    return [(row["step"], row["step_time_s"]) for row in rows]
+    steps, notes = read_steps_jsonl(jsonl)
+    return _in_step_order(steps, str(jsonl)), notes
 
 
-def find_summaries(paths: list[str]) -> list[Path]:
-    """Files as given; directories are searched for summary.json files."""
-    found = []
+def _embedded_step(fields: Fields, index: int, row: Any) -> tuple[int, float]:
+    if not (isinstance(row, list) and len(row) == 2 and is_count(row[0]) and is_positive_finite(row[1])):
+        raise fields.error(f"timing.steps[{index}]", row, "it must be [step >= 1, positive finite step time in s]")
+    return row[0], float(row[1])
+
+
+def read_steps_jsonl(jsonl: Path) -> tuple[list[tuple[int, float]], list[str]]:
+    """(step, step time) of each line of a steps.jsonl, and notes on what was left out.
+
+    The writer ends every line with a newline and flushes each interval, so a run that stopped
+    while writing leaves at most its last line cut: that line is left out with a note. Any other
+    bad line is an error: an average over it would be silently wrong.
+    """
+    try:
+        text = jsonl.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ReportError(f"{jsonl}: cannot read it ({error})") from error
+    *lines, tail = text.split("\n")  # tail: what follows the last newline, "" when the file is whole
+    steps = [_jsonl_step(jsonl, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if not tail.strip():
+        return steps, []
+    try:
+        json.loads(tail)
+    except (ValueError, RecursionError):
+        return steps, [f"{jsonl}: its last line is incomplete (cut off while being written?); left out, "
+                       f"{len(steps)} steps read"]
+    return steps + [_jsonl_step(jsonl, len(lines) + 1, tail)], []  # whole, only its newline missing
+
+
+def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float]:
+    where = f"{jsonl}: line {number}"
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ReportError(f"{where}: not JSON: {shown(line)}") from None
+    if not isinstance(row, dict):
+        raise ReportError(f"{where}: not a JSON object: {shown(line)}")
+    fields = Fields(where, row)
+    return fields.count("step"), fields.positive("step_time_s")
+
+
+def _in_step_order(steps: list[tuple[int, float]], where: str) -> list[tuple[int, float]]:
+    """Sorted by step (`-N:` means the last N by number); a step twice is ambiguous (two runs in
+    one directory?) and refused."""
+    steps = sorted(steps)
+    for (before, _), (after, _) in itertools.pairwise(steps):
+        if before == after:
+            raise ReportError(f"{where}: step {after} appears more than once (two runs written to one place?); "
+                              "keep one run's steps")
+    return steps
+
+
+def _require_finite_metrics(run: Run) -> None:
+    """Values each in range can still overflow together; refuse rather than print inf."""
+    try:
+        metrics = run.workload.metrics(run.step_time_s)
+    except OverflowError:
+        metrics = {"tokens_per_s": math.inf}
+    if not all(v is None or math.isfinite(v) for v in metrics.values()):
+        raise ReportError(f"{run.path}: its numbers give no finite throughput (global batch "
+                          f"{shown(run.global_batch_size)}, sequence length {shown(run.seq_length)}, step time "
+                          f"{run.step_time_s!r} s, FLOPs per sample {run.flops_per_sample!r}); check them")
+
+
+def find_summaries(paths: list[str]) -> tuple[list[Path], list[ReportError]]:
+    """Files as given; directories are searched for summary.json files. Each file once, however
+    often it is named; a path that is not there, or a directory without summaries, is an error
+    of its own, so that the other inputs can still be reported."""
+    found: dict[Path, Path] = {}
+    problems = []
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            found += sorted(path.rglob("summary.json"))
+            inside = sorted(path.rglob("summary.json"))
+            if not inside:
+                problems.append(ReportError(f"{given}: no summary.json under it"))
+            candidates = inside
         elif path.exists():
-            found.append(path)
+            candidates = [path]
         else:
-            raise ReportError(f"{given}: no such file or directory")
-    if not found:
-        raise ReportError(f"no summary.json under {' '.join(paths)}")
-    return found
+            problems.append(ReportError(f"{given}: no such file or directory"))
+            candidates = []
+        for candidate in candidates:
+            found.setdefault(candidate.resolve(), candidate)
+    return list(found.values()), problems
 
 
 def _step_range(steps: list[tuple[int, float]]) -> str:
     return f"it has steps {steps[0][0]} to {steps[-1][0]}" if steps else "it has no steps"
-
-
-def _error_of(summary: dict[str, Any]) -> str:
-    return f" ({summary['error']})" if summary.get("error") else ""

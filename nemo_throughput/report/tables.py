@@ -6,11 +6,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from nemo_throughput.report.runs import ReportError, Run
+from nemo_throughput.report.safe_text import csv_cell, markdown_cell, printable
 from nemo_throughput.throughput import days_to_train
 
 
@@ -64,14 +67,44 @@ class Report:
 
 
 def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = None) -> Report:
-    groups = [_group(members, tokens) for members in _by_configuration(runs).values()]
-    groups.sort(key=lambda g: (g.model, g.label, g.num_gpus))
-    _add_scaling(groups)
-    labels = sorted({g.label for g in groups})
-    if baseline is not None and baseline not in labels:
-        raise ReportError(f"--baseline {baseline!r} is not a label of these runs; their labels are {labels}")
-    comparisons = _compare(groups, runs, baseline) if baseline else []
-    return Report(groups, comparisons, tokens, baseline)
+    _require_distinct_when_printed(runs)
+    try:
+        groups = [_group(members, tokens) for members in _by_configuration(runs).values()]
+        groups.sort(key=lambda g: (g.model, g.label, g.num_gpus))
+        _add_scaling(groups)
+        labels = sorted({g.label for g in groups})
+        if baseline is not None and baseline not in labels:
+            raise ReportError(f"--baseline {baseline!r} is not a label of these runs; their labels are {labels}")
+        comparisons = _compare(groups, runs, baseline) if baseline else []
+    except OverflowError as error:
+        raise ReportError(f"the numbers of these runs overflow when combined ({error}); check --tokens and the "
+                          "summaries' step times and batch sizes") from error
+    report = Report(groups, comparisons, tokens, baseline)
+    _require_finite(report)
+    return report
+
+
+def _require_finite(report: Report) -> None:
+    """Each run's numbers are finite (runs.load_run checks); combined with --tokens they may not be."""
+    for row in (*report.groups, *report.comparisons):
+        for name, value in asdict(row).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ReportError(f"{name} is {value} for {printable(row.model)} at {row.num_nodes} nodes; "
+                                  "check --tokens and the summaries' step times")
+
+
+def _require_distinct_when_printed(runs: list[Run]) -> None:
+    """Two labels (or models) that print the same, e.g. `k8s` and `k8s` wrapped in colour codes,
+    would be two rows no reader can tell apart: refuse rather than show them."""
+    for what, name_of in (("labels", attrgetter("label")), ("models", attrgetter("model"))):
+        printed: dict[str, list[str]] = {}
+        for name in sorted({name_of(run) for run in runs}):
+            printed.setdefault(printable(name), []).append(name)
+        for shown_as, originals in printed.items():
+            if len(originals) > 1:
+                files = ", ".join(str(run.path) for run in runs if name_of(run) in originals)
+                raise ReportError(f"{what} {', '.join(map(repr, originals))} all print as {shown_as!r} once control "
+                                  f"characters are removed; correct them in {files}")
 
 
 def _by_configuration(runs: list[Run]) -> dict[tuple, list[Run]]:
@@ -83,7 +116,7 @@ def _by_configuration(runs: list[Run]) -> dict[tuple, list[Run]]:
 
 def _group(runs: list[Run], tokens: float) -> Group:
     first = runs[0]
-    _require_same_setup(runs, f"{first.label} / {first.model} / {first.num_nodes} nodes")
+    _require_same_setup(runs, f"{printable(first.label)} / {printable(first.model)} / {first.num_nodes} nodes")
     per_run = [run.workload.metrics(run.step_time_s) for run in runs]
     tokens_per_s = [m["tokens_per_s"] for m in per_run]
     mean_tps = statistics.fmean(tokens_per_s)
@@ -106,7 +139,8 @@ def _group(runs: list[Run], tokens: float) -> Group:
 def _require_same_setup(runs: list[Run], what: str) -> None:
     setups = {tuple(run.setup.items()) for run in runs}
     if len(setups) > 1:
-        lines = "\n  ".join(f"{run.path}: " + ", ".join(f"{k} {v}" for k, v in run.setup.items()) for run in runs)
+        lines = "\n  ".join(f"{run.path}: " + ", ".join(f"{k} {printable(v)}" for k, v in run.setup.items())
+                             for run in runs)
         raise ReportError(f"runs of {what} differ in their set-up and cannot be averaged:\n  {lines}")
 
 
@@ -132,7 +166,7 @@ def _compare(groups: list[Group], runs: list[Run], baseline: str) -> list[Compar
         if label == baseline or base is None:
             continue
         _require_same_setup(runs_by_key[(baseline, model, nodes, gpus)] + runs_by_key[(label, model, nodes, gpus)],
-                            f"{model} at {nodes} nodes under {baseline!r} and {label!r}")
+                            f"{printable(model)} at {nodes} nodes under {baseline!r} and {label!r}")
         comparisons.append(Comparison(
             model=model, num_nodes=nodes, num_gpus=gpus, baseline=baseline, other=label,
             baseline_tokens_per_s=base.tokens_per_s, other_tokens_per_s=other.tokens_per_s,
@@ -175,8 +209,8 @@ def _comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def render(report: Report, fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(report.to_json(), indent=2)
+    if fmt == "json":  # ASCII only: every control character in a label comes out as a \u escape
+        return json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         return _render_csv(report)
     table = _markdown_table if fmt == "markdown" else _text_table
@@ -194,6 +228,7 @@ def render(report: Report, fmt: str) -> str:
 
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
     """Aligned columns: words to the left, numbers to the right."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     table = [header, *rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     numeric = [all(r[i][:1].isdigit() or r[i][:1] in "+-" for r in rows) and bool(rows) for i in range(len(header))]
@@ -207,7 +242,7 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(map(markdown_cell, row)) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -218,11 +253,11 @@ def _render_csv(report: Report) -> str:
     group_fields = [f for f in Group.__dataclass_fields__ if f != "files"]
     writer.writerow(group_fields)
     for g in report.groups:
-        writer.writerow(["" if getattr(g, f) is None else getattr(g, f) for f in group_fields])
+        writer.writerow([csv_cell(getattr(g, f)) for f in group_fields])
     if report.comparisons:
         writer.writerow([])
         fields = list(Comparison.__dataclass_fields__)
         writer.writerow(fields)
         for c in report.comparisons:
-            writer.writerow([getattr(c, f) for f in fields])
+            writer.writerow([csv_cell(getattr(c, f)) for f in fields])
     return out.getvalue()

@@ -1,0 +1,355 @@
+"""`nemo-throughput report` on hostile and broken input: every case is a clear message naming the
+file, the other runs are still reported, and nothing printed can drive a terminal or a spreadsheet."""
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from test_report import write_run
+
+from conftest import nemo_throughput_cli
+from nemo_throughput.cli import main
+from nemo_throughput.report.runs import IncompleteRun, ReportError, Window, load_run
+from nemo_throughput.report.tables import build_report, render
+from nemo_throughput.summary import USER_FLOPS
+
+ESCAPES = ("\x1b", "\x07", "\x9b", "\x00", "\u202e")  # ESC, BEL, 8-bit CSI, NUL, right-to-left override
+
+
+def edit(path: Path, dotted: str, value=None, *, delete: bool = False) -> Path:
+    """Set (or delete) one field of a summary file, writing NaN and Infinity as Python's json does."""
+    summary = json.loads(path.read_text())
+    *parents, key = dotted.split(".")
+    node = summary
+    for name in parents:
+        node = node[name]
+    if delete:
+        del node[key]
+    else:
+        node[key] = value
+    path.write_text(json.dumps(summary))
+    return path
+
+
+def good_run(tmp_path: Path, name: str = "good", **kwargs) -> Path:
+    kwargs.setdefault("label", "slurm")
+    kwargs.setdefault("step_times", [1.0, 1.0])
+    return write_run(tmp_path / name / "summary.json", **kwargs)
+
+
+def report(*args, capsys) -> tuple[int, str, str]:
+    """The real CLI, in this process."""
+    code = main(["report", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------------ one field at a time
+@pytest.mark.parametrize("dotted, value, message", [
+    ("timing.step_time_s.mean", float("nan"), r"timing.step_time_s.mean is nan; it must be a positive"),
+    ("timing.step_time_s.mean", float("inf"), r"timing.step_time_s.mean is inf; it must be a positive"),
+    ("timing.step_time_s.mean", -1.5, r"timing.step_time_s.mean is -1.5; it must be a positive"),
+    ("timing.step_time_s.mean", "1.0", r"timing.step_time_s.mean is '1.0'; it must be a positive"),
+    ("timing.steps_measured", 2.5, r"timing.steps_measured is 2.5; it must be an integer >= 1"),
+    ("hardware.num_gpus", 0, r"hardware.num_gpus is 0; it must be an integer >= 1"),
+    ("hardware.num_gpus", -8, r"hardware.num_gpus is -8; it must be an integer >= 1"),
+    ("hardware.num_gpus", 8.5, r"hardware.num_gpus is 8.5; it must be an integer >= 1"),
+    ("hardware.num_gpus", True, r"hardware.num_gpus is True; it must be an integer >= 1"),
+    ("hardware.num_gpus", "8", r"hardware.num_gpus is '8'; it must be an integer >= 1"),
+    ("hardware.num_nodes", 0, r"hardware.num_nodes is 0; it must be an integer >= 1"),
+    ("batch.global_batch_size", 0, r"batch.global_batch_size is 0; it must be an integer >= 1"),
+    ("batch.global_batch_size", 10 ** 400, r"its numbers give no finite throughput \(global batch 1000000000.*\); "
+                                           r"check them"),
+    ("batch.seq_length", None, r"batch.seq_length is None; it must be an integer >= 1"),
+    ("run.label", 5, r"run.label is 5; it must be a non-empty string"),
+    ("run.label", None, r"run.label is None; it must be a non-empty string"),
+    ("run.label", ["a"], r"run.label is \['a'\]; it must be a non-empty string"),
+    ("run.label", "", r"run.label is ''; it must be a non-empty string"),
+    ("model.name", 3, r"model.name is 3; it must be a non-empty string"),
+    ("model.flops_per_sample", -1.0, r"model.flops_per_sample is -1.0; it must be a positive finite number or "
+                                     r"null \(unknown\)"),
+    ("model.flops_per_sample", float("nan"), r"model.flops_per_sample is nan"),
+    ("model.flops_formula", 7, r"model.flops_formula is 7; it must be a non-empty string"),
+    ("hardware.peak_tflops", 0, r"hardware.peak_tflops is 0; it must be a positive finite number or null"),
+    ("hardware.peak_tflops", float("-inf"), r"hardware.peak_tflops is -inf"),
+    ("hardware.gpu_name", None, r"hardware.gpu_name is None; it must be a non-empty string"),
+    ("hardware.dtype", 16, r"hardware.dtype is 16; it must be a string or null"),
+    ("hardware", [], r"hardware is \[\]; it must be an object"),
+    ("status", "weird", r"status 'weird' is not one of \('running', 'completed', 'failed', 'interrupted'\)"),
+    ("status", None, r"status None is not one of"),
+])
+def test_every_field_the_report_uses_is_checked(tmp_path, dotted, value, message):
+    path = edit(good_run(tmp_path), dotted, value)
+    with pytest.raises(ReportError, match=f"{tmp_path}/good/summary.json: {message}") as caught:
+        load_run(path)
+    assert not isinstance(caught.value, IncompleteRun)
+
+
+@pytest.mark.parametrize("dotted", ["status", "run.label", "hardware.num_gpus", "timing", "model.flops_per_sample"])
+def test_a_missing_field_is_named(tmp_path, dotted):
+    path = edit(good_run(tmp_path), dotted, delete=True)
+    with pytest.raises(ReportError, match=f"{tmp_path}/good/summary.json: {dotted} is missing"):
+        load_run(path)
+
+
+def test_a_summary_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "latin1" / "summary.json"
+    path.parent.mkdir()
+    path.write_bytes(b'{"schema": "caf\xe9"}')
+    with pytest.raises(ReportError, match=f"{path}: not a readable JSON summary"):
+        load_run(path)
+
+
+# ------------------------------------------------------------------------ unknown and user-given FLOPs
+def test_unknown_flops_per_sample_gives_mfu_and_tflops_na(tmp_path):
+    path = edit(good_run(tmp_path), "model.flops_per_sample", None)
+    run = load_run(path)
+    assert run.flops_per_sample is None and run.setup["FLOPs per sample"] == "unknown"
+    report_ = build_report([run, load_run(edit(good_run(tmp_path, "again"), "model.flops_per_sample", None))])
+    (group,) = report_.groups
+    assert (group.mfu, group.model_tflops_per_gpu, group.runs) == (None, None, 2)
+    assert group.tokens_per_s == pytest.approx(128 * 2048 / 1.0)
+    assert "n/a" in render(report_, "table") and "n/a" in render(report_, "markdown")
+    assert json.loads(render(report_, "json"))["groups"][0]["mfu"] is None
+    row = list(csv.DictReader(io.StringIO(render(report_, "csv"))))[0]
+    assert (row["mfu"], row["model_tflops_per_gpu"]) == ("", "")
+
+
+def test_unknown_flops_are_never_averaged_with_known_ones(tmp_path):
+    known = load_run(good_run(tmp_path, "known"))
+    unknown = load_run(edit(good_run(tmp_path, "unknown"), "model.flops_per_sample", None))
+    with pytest.raises(ReportError, match=r"cannot be averaged.*\n.*known/summary.json: .*FLOPs per sample "
+                                          r"[0-9.e+]+ \(megatron\).*\n.*unknown/summary.json: .*FLOPs per sample "
+                                          r"unknown"):
+        build_report([known, unknown])
+
+
+def test_user_given_flops_are_shown_as_such(tmp_path):
+    computed = load_run(good_run(tmp_path, "computed"))
+    given = load_run(edit(edit(good_run(tmp_path, "given"), "model.flops_formula", USER_FLOPS),
+                          "model.flops_per_sample", 1.5e12))
+    assert given.setup["FLOPs per sample"] == "1.5e+12 (given by the user)"
+    with pytest.raises(ReportError, match=r"given/summary.json: .*FLOPs per sample 1.5e\+12 \(given by the user\)"):
+        build_report([computed, given])
+
+
+# ------------------------------------------------------------------------ the CLI: bad ones out, good ones in
+def test_bad_summaries_are_excluded_by_name_and_the_rest_reported(tmp_path, capsys):
+    good_run(tmp_path, "good", label="bare-metal")
+    bad = {
+        "nan": ("timing.step_time_s.mean", float("nan"), "timing.step_time_s.mean is nan"),
+        "zero-gpus": ("hardware.num_gpus", 0, "hardware.num_gpus is 0"),
+        "int-label": ("run.label", 5, "run.label is 5"),
+        "no-status": ("status", None, "status is missing"),
+    }
+    for name, (dotted, value, _) in bad.items():
+        edit(good_run(tmp_path, name), dotted, value, delete=value is None and dotted == "status")
+    cut = tmp_path / "cut" / "summary.json"
+    cut.parent.mkdir()
+    cut.write_text(good_run(tmp_path, "whole").read_text()[:200])
+    (tmp_path / "whole" / "summary.json").unlink()
+    code, out, err = report(tmp_path, capsys=capsys)
+    assert code == 1
+    assert "bare-metal" in out and "slurm" not in out
+    for name, (_, _, reason) in bad.items():
+        assert f"excluded: {tmp_path}/{name}/summary.json: {reason}" in err
+    assert f"excluded: {tmp_path}/cut/summary.json: not a readable JSON summary" in err
+    assert "5 of 6 summaries were excluded" in err and "Traceback" not in err
+
+
+def test_nothing_reportable_is_exit_status_2(tmp_path, capsys):
+    edit(good_run(tmp_path, "a"), "hardware.num_gpus", 0)
+    good_run(tmp_path, "b", status="failed")
+    code, out, err = report(tmp_path, capsys=capsys)
+    assert (code, out) == (2, "")
+    assert "excluded:" in err and err.rstrip().endswith("no run left to report on")
+
+
+def test_only_incomplete_runs_left_out_is_exit_status_0(tmp_path, capsys):
+    good_run(tmp_path, "a")
+    good_run(tmp_path, "b", status="interrupted")
+    code, out, err = report(tmp_path, capsys=capsys)
+    assert code == 0 and "status 'interrupted'" in err and "slurm" in out
+
+
+def test_a_missing_input_path_is_excluded_and_the_rest_reported(tmp_path, capsys):
+    good_run(tmp_path, "a")
+    code, out, err = report(tmp_path / "a", tmp_path / "typo", capsys=capsys)
+    assert code == 1 and "slurm" in out and f"excluded: {tmp_path}/typo: no such file or directory" in err
+
+
+def test_a_summary_given_twice_counts_once(tmp_path, capsys):
+    path = good_run(tmp_path, "a")
+    code, out, _ = report(tmp_path, path, "--format", "json", capsys=capsys)
+    assert code == 0 and json.loads(out)["groups"][0]["runs"] == 1
+
+
+@pytest.mark.parametrize("tokens", ["nan", "inf", "0", "-5", "many"])
+def test_the_token_budget_must_be_positive_and_finite(tmp_path, capsys, tokens):
+    good_run(tmp_path, "a")
+    with pytest.raises(SystemExit) as caught:
+        main(["report", str(tmp_path), "--tokens", tokens])
+    assert caught.value.code == 2
+    assert "--tokens: must be a positive number of tokens, e.g. 1e12" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ where the output goes
+def test_output_writes_the_rendering_to_a_file(tmp_path, capsys):
+    good_run(tmp_path, "a")
+    out_file = tmp_path / "report.csv"
+    code, out, err = report(tmp_path, "--format", "csv", "--output", out_file, capsys=capsys)
+    assert (code, out) == (0, "")
+    assert out_file.read_text().startswith("label,model,") and f"report: {out_file}" in err
+
+
+@pytest.mark.parametrize("option, name", [("--output", "report.md"), ("--plot", "scaling.png")])
+def test_a_missing_output_directory_is_a_clear_error_before_any_work(tmp_path, capsys, option, name):
+    good_run(tmp_path, "a")
+    target = tmp_path / "no" / "such" / name
+    code, out, err = report(tmp_path / "a", option, target, capsys=capsys)
+    assert (code, out) == (2, "")
+    assert f"{option} {target}: directory {tmp_path}/no/such does not exist; create it first" in err
+    assert not (tmp_path / "no").exists()
+
+
+def test_output_must_not_overwrite_an_input_summary(tmp_path, capsys):
+    path = good_run(tmp_path, "a")
+    before = path.read_text()
+    code, _, err = report(tmp_path, "--output", path, capsys=capsys)
+    assert code == 2 and f"--output {path} is one of the summaries read" in err and path.read_text() == before
+
+
+def test_plot_needs_an_image_suffix(tmp_path, capsys):
+    good_run(tmp_path, "a")
+    code, _, err = report(tmp_path, "--plot", tmp_path / "scaling.txt", capsys=capsys)
+    assert code == 2 and "--plot" in err and "end in .png, .svg or .pdf" in err
+
+
+def test_plot_draws_labels_that_look_like_mathtext(tmp_path, capsys):
+    good_run(tmp_path, "a", label=r"$\frac$ \x1b[31m|bad")
+    plot = tmp_path / "scaling.png"
+    code, _, err = report(tmp_path, "--plot", plot, capsys=capsys)
+    assert code == 0, err
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------ steps.jsonl and embedded steps
+def write_steps(path: Path, lines: list[str]) -> Path:
+    (path.parent / "steps.jsonl").write_text("".join(lines))
+    return path
+
+
+def step_line(step: int, time_s) -> str:
+    return json.dumps({"step": step, "warmup": False, "step_time_s": time_s, "ranks": []}) + "\n"
+
+
+def test_a_cut_last_line_of_steps_jsonl_is_left_out_with_a_note(tmp_path, capsys):
+    path = write_steps(good_run(tmp_path, "a"), [step_line(n, 1.0) for n in range(1, 10)] + [step_line(10, 9.0)[:30]])
+    run = load_run(path, Window.parse("1:"))
+    assert (run.step_time_s, run.steps_counted) == (1.0, 9)
+    assert run.notes == [f"{tmp_path}/a/steps.jsonl: its last line is incomplete (cut off while being written?); "
+                         "left out, 9 steps read"]
+    code, out, err = report(tmp_path, "--window", "1:", capsys=capsys)
+    assert code == 0 and f"note: {tmp_path}/a/steps.jsonl: its last line is incomplete" in err
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    (step_line(5, float("nan")), r"line 5: step_time_s is nan; it must be a positive finite number"),
+    (step_line(5, -1.0), r"line 5: step_time_s is -1.0; it must be a positive finite number"),
+    (step_line(5, None), r"line 5: step_time_s is None"),
+    (json.dumps({"step": "five", "step_time_s": 1.0}) + "\n", r"line 5: step is 'five'; it must be an integer >= 1"),
+    ("{garbage\n", r"line 5: not JSON"),
+    ("[1, 2]\n", r"line 5: not a JSON object"),
+    (step_line(4, 1.0), r"step 4 appears more than once"),
+])
+def test_a_bad_line_inside_steps_jsonl_rejects_the_run(tmp_path, bad_line, message):
+    lines = [step_line(n, 1.0) for n in range(1, 5)] + [bad_line] + [step_line(n, 1.0) for n in range(6, 10)]
+    path = write_steps(good_run(tmp_path, "a"), lines)
+    with pytest.raises(ReportError, match=f"{tmp_path}/a/steps.jsonl: {message}"):
+        load_run(path, Window.parse("1:"))
+
+
+@pytest.mark.parametrize("steps, message", [
+    ([[1, 1.0], [2, float("nan")]], r"timing.steps\[1\] is \[2, nan\]; it must be \[step >= 1, positive finite "
+                                    r"step time in s\]"),
+    ([[1, 1.0], ["x", 1.0]], r"timing.steps\[1\] is \['x', 1.0\]"),
+    ([[1, 1.0], [1, 1.0]], r"timing.steps: step 1 appears more than once"),
+    ("all", r"timing.steps is 'all'; it must be a list"),
+])
+def test_bad_embedded_steps_reject_the_run(tmp_path, steps, message):
+    path = edit(good_run(tmp_path, "a"), "timing.steps", steps)
+    with pytest.raises(ReportError, match=f"{tmp_path}/a/summary.json: {message}"):
+        load_run(path, Window.parse("1:"))
+
+
+def test_last_n_steps_are_the_last_by_step_number(tmp_path):
+    lines = [step_line(n, 1.0) for n in range(6, 11)] + [step_line(n, 5.0) for n in range(1, 6)]  # out of order
+    path = write_steps(good_run(tmp_path, "a"), lines)
+    assert load_run(path, Window.parse("-5:")).step_time_s == 1.0
+
+
+# ------------------------------------------------------------------------ nothing printed drives a terminal
+EVIL_LABEL = "\x1b[31mred\x1b[0m\x1b]0;pwned\x07\x9b2J\u202eok\x00"
+
+
+def test_labels_lose_terminal_escapes_in_tables(tmp_path):
+    run = load_run(good_run(tmp_path, "a", label=EVIL_LABEL, model="m\x1b[2Jodel"))
+    report_ = build_report([run])
+    for fmt in ("table", "markdown", "csv"):
+        text = render(report_, fmt)
+        assert not any(escape in text for escape in ESCAPES), fmt
+        assert "redok" in text and "model" in text
+    assert json.loads(render(report_, "json"))["groups"][0]["label"] == EVIL_LABEL  # JSON escapes it, exactly
+
+
+def test_error_messages_lose_terminal_escapes(tmp_path, capsys):
+    good_run(tmp_path, "good")
+    good_run(tmp_path, "failed", status="failed")
+    edit(tmp_path / "failed" / "summary.json", "error", "boom\x1b[2J\x1b]0;pwned\x07\nexcluded: forged line")
+    evil_dir = tmp_path / "evil\x1b[2J"
+    evil_dir.mkdir()
+    (evil_dir / "summary.json").write_text("{cut")
+    code, out, err = report(tmp_path, capsys=capsys)
+    assert code == 1 and "slurm" in out
+    assert not any(escape in err for escape in ESCAPES)
+    assert "boom" in err and f"{tmp_path}/evil/summary.json" in err
+    assert not any(line.startswith("excluded: forged") for line in err.splitlines())
+
+
+def test_a_lone_surrogate_in_a_label_does_not_break_printing(tmp_path):
+    path = good_run(tmp_path, "a")
+    path.write_text(path.read_text().replace('"label": "slurm"', '"label": "bad\\ud800label"'))
+    result = nemo_throughput_cli("report", tmp_path, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert "badlabel" in result.stdout
+
+
+# ------------------------------------------------------------------------ spreadsheets and markdown
+def test_csv_guards_text_cells_against_formulas_but_keeps_numbers(tmp_path):
+    runs = [load_run(good_run(tmp_path, name, label=label, model="=1+1", step_times=[step]))
+            for name, label, step in (("a", "-bare", 1.0), ("b", "=HYPERLINK(\"http://x\")", 1.04),
+                                      ("c", "+k8s", 0.98), ("d", "@sum", 1.0))]
+    text = render(build_report(runs, baseline="-bare"), "csv")
+    groups, comparisons = text.split("\n\n")
+    rows = list(csv.DictReader(io.StringIO(groups)))
+    assert {row["label"] for row in rows} == {"'-bare", "'=HYPERLINK(\"http://x\")", "'+k8s", "'@sum"}
+    assert {row["model"] for row in rows} == {"'=1+1"}
+    diffs = {row["other"]: row["diff_pct"] for row in csv.DictReader(io.StringIO(comparisons))}
+    assert diffs["'+k8s"].startswith("-") and float(diffs["'+k8s"]) < 0  # a number stays a number
+    assert all(row["baseline"] == "'-bare" for row in csv.DictReader(io.StringIO(comparisons)))
+
+
+def test_markdown_escapes_pipes_in_cells(tmp_path):
+    run = load_run(good_run(tmp_path, "a", label="a|b"))
+    header, _, row = render(build_report([run]), "markdown").splitlines()[:3]
+    assert "a\\|b" in row
+    assert row.replace("\\|", "").count("|") == header.count("|")
+
+
+def test_labels_that_print_the_same_are_refused(tmp_path):
+    runs = [load_run(good_run(tmp_path, name, label=label)) for name, label in (("a", "k8s"), ("b", "\x1b[1mk8s"))]
+    with pytest.raises(ReportError, match=r"labels '\\x1b\[1mk8s', 'k8s' all print as 'k8s' once control "
+                                          r"characters are removed; correct them in .*b/summary.json"):
+        build_report(runs)
