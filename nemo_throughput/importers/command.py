@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
-from nemo_throughput.importers.logs import FORMATS, import_run
+from nemo_throughput.importers.logs import FORMATS, Imported, import_run
 from nemo_throughput.presets import PRESETS, preset
 from nemo_throughput.report.runs import ReportError, Window
 from nemo_throughput.summary import write_json_atomic
@@ -20,22 +21,29 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports = commands.add_parser(
         "import", help="summaries from NeMo / Megatron-LM logs or TensorBoard event files of runs without the plugin",
         description="Writes <output-dir>/<name>/summary.json per input, from the step times the log holds and "
-                    "the facts it lacks, given here.")
+                    "the facts it lacks, given here. <name> is the input's file name, with as many parent "
+                    "directories as it takes to tell the inputs apart.")
     imports.set_defaults(handler=run_import)
     imports.add_argument("logs", nargs="+", type=Path, help="log files, event files or directories of them")
     imports.add_argument("--format", choices=("auto", *FORMATS), default="auto")
     imports.add_argument("--label", required=True, help="run.label, e.g. bare-metal or kubernetes")
-    model = imports.add_mutually_exclusive_group(required=True)
+    model = imports.add_mutually_exclusive_group()
     model.add_argument("--model", help=f"size preset: {', '.join(PRESETS)}")
     model.add_argument("--model-spec", help='ModelSpec fields as JSON, e.g. \'{"num_layers": 12, ...}\'')
+    imports.add_argument("--flops-per-sample", type=float, help="model FLOPs per sample as published (recorded as "
+                         "given, formula 'user'); then --model and --model-spec are optional")
     imports.add_argument("--model-name", help="model.name (default: the preset, or one from the parameter count)")
-    imports.add_argument("--global-batch-size", type=int, help="samples per step (Megatron-LM logs state it)")
+    imports.add_argument("--global-batch-size", type=int, help="samples per step (checked against the log where it "
+                                                               "states it)")
     imports.add_argument("--seq-length", type=int, required=True)
     imports.add_argument("--num-gpus", type=int, required=True)
     imports.add_argument("--gpus-per-node", type=int, default=8, help="to count the nodes (default 8)")
+    imports.add_argument("--rank", help="the rank to read where several print (srun --label / torchrun prefix "
+                                        "number, e.g. 0 or 1/7; default: the lowest)")
     imports.add_argument("--window", help="steps that count, e.g. 35:45, -10: or last (default: all after the "
                                           "--warmup steps)")
-    imports.add_argument("--warmup", type=int, default=10, help="first steps left out without --window (10)")
+    imports.add_argument("--warmup", type=int, default=10, help="first steps of the log left out without --window "
+                                                                "(10)")
     imports.add_argument("--gpu-name", help='driver name of the GPU, e.g. "NVIDIA H100 80GB HBM3", for MFU')
     imports.add_argument("--dtype", choices=DTYPES, help="dtype of the peak FLOPs, for MFU")
     imports.add_argument("--peak-tflops", type=float, help="per-GPU peak instead of the table's")
@@ -44,34 +52,114 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports.add_argument("--output-dir", type=Path, default=Path("imported"))
 
 
-
 def run_import(args: argparse.Namespace) -> int:
+    current = "arguments"
     try:
-        if args.model:
-            spec, model_name = preset(args.model), args.model_name or args.model.lower()
-        else:
-            spec = _spec_from_json(args.model_spec, args.seq_length)
-            model_name = args.model_name or spec.default_name()
-        for name in ("seq_length", "num_gpus", "gpus_per_node"):
-            if getattr(args, name) < 1:
-                raise ReportError(f"--{name.replace('_', '-')} must be at least 1")
+        spec, model_name = _model(args)
+        _check_arguments(args)
         window = Window.parse(args.window) if args.window else None
-        for log in args.logs:
-            summary = import_run(
-                log, fmt=None if args.format == "auto" else args.format,
-                global_batch_size=args.global_batch_size, seq_length=args.seq_length, spec=spec,
-                model_name=model_name, num_gpus=args.num_gpus, num_nodes=math.ceil(args.num_gpus / args.gpus_per_node),
-                label=args.label, window=window, warmup_steps=args.warmup, gpu_name=args.gpu_name, dtype=args.dtype,
-                peak=args.peak_tflops, flops_formula=args.flops_formula, orchestrator=args.orchestrator)
-            path = args.output_dir / summary["run"]["name"] / "summary.json"
-            write_json_atomic(path, summary)
-            timing = summary["timing"]
-            print(f"{path}: {timing['steps_measured']} steps ({timing['window']}), "
-                  f"{timing['step_time_s']['mean']:.4g} s/step, {summary['throughput']['tokens_per_s']:,.0f} tokens/s")
+        names = output_names(args.logs)
+        results: list[tuple[Path, Imported]] = []
+        for log, name in zip(args.logs, names, strict=True):
+            current = str(log)
+            imported = import_run(
+                log, fmt=None if args.format == "auto" else args.format, global_batch_size=args.global_batch_size,
+                seq_length=args.seq_length, spec=spec, model_name=model_name, num_gpus=args.num_gpus,
+                num_nodes=math.ceil(args.num_gpus / args.gpus_per_node), label=args.label, name=name, rank=args.rank,
+                window=window, warmup_steps=args.warmup, gpu_name=args.gpu_name, dtype=args.dtype,
+                peak=args.peak_tflops, flops_formula=args.flops_formula, flops_per_sample=args.flops_per_sample,
+                orchestrator=args.orchestrator)
+            results.append((_summary_path(args.output_dir, name), imported))
+        for path, imported in results:  # nothing is written unless every input imported
+            current = str(path)
+            write_json_atomic(path, imported.summary)
+            _report(path, imported)
     except (ReportError, ValueError) as error:
         print(f"nemo-throughput import: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"nemo-throughput import: {error.filename or current}: {error.strerror or error} (check the path and "
+              "its permissions)", file=sys.stderr)
+        return 2
+    except Exception as error:  # noqa: BLE001 - an input must never end in a traceback
+        print(f"nemo-throughput import: {current}: could not import it ({type(error).__name__}: {error}) (please "
+              "report this with the file)", file=sys.stderr)
+        return 2
     return 0
+
+
+def output_names(logs: list[Path]) -> list[str]:
+    """A directory name per input, unique within the call: the file's name, with as many parent
+    directories in front as it takes to tell apart inputs of the same name."""
+    resolved = [log.resolve() for log in logs]
+    for i, path in enumerate(resolved):
+        if path in resolved[:i]:
+            raise ReportError(f"{logs[i]}: given twice (give each input once)")
+    depth = 1
+    while True:
+        names = [_safe_name(_tail(log, depth)) for log in resolved]
+        duplicated = {n for n in names if names.count(n) > 1}
+        if not duplicated:
+            return names
+        if all(len(log.parts) <= depth for log in resolved):
+            break
+        depth += 1
+    raise ReportError(f"inputs {', '.join(str(log) for log in logs)} give the same summary name "
+                      f"{sorted(duplicated)[0]!r} (rename one, or import them with different --output-dir)")
+
+
+def _tail(path: Path, depth: int) -> str:
+    parts = list(path.parts[-depth:])
+    parts[-1] = path.stem if path.is_file() else path.name
+    return "-".join(p for p in parts if p not in ("/", ""))
+
+
+def _safe_name(text: str) -> str:
+    """Letters, digits, '.', '_' and '-' only, never starting with a dot: it stays one directory level."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-") or "run"
+
+
+def _summary_path(output_dir: Path, name: str) -> Path:
+    root = output_dir.resolve()
+    target = (output_dir / name).resolve()
+    if target.parent != root:
+        raise ReportError(f"{output_dir / name}: would be written outside --output-dir {output_dir} (a link points "
+                          "elsewhere: remove it or choose another --output-dir)")
+    return output_dir / name / "summary.json"
+
+
+def _report(path: Path, imported: Imported) -> None:
+    for note in imported.notes:
+        print(f"nemo-throughput import: {path.parent.name}: {note}", file=sys.stderr)
+    summary = imported.summary
+    timing = summary["timing"]
+    print(f"{path}: {timing['steps_measured']} steps ({timing['window']}), {timing['step_time_s']['mean']:.4g} "
+          f"s/step, {summary['throughput']['tokens_per_s']:,.0f} tokens/s")
+
+
+def _model(args: argparse.Namespace) -> tuple[ModelSpec | None, str]:
+    if args.model:
+        return preset(args.model), args.model_name or args.model.lower()
+    if args.model_spec:
+        spec = _spec_from_json(args.model_spec, args.seq_length)
+        return spec, args.model_name or spec.default_name()
+    if args.flops_per_sample is None:
+        raise ReportError("give the model: --model, --model-spec, or --flops-per-sample as published")
+    return None, args.model_name or "unknown"
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    for name in ("seq_length", "num_gpus", "gpus_per_node"):
+        if getattr(args, name) < 1:
+            raise ReportError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.global_batch_size is not None and args.global_batch_size < 1:
+        raise ReportError("--global-batch-size must be at least 1")
+    if args.warmup < 0:
+        raise ReportError("--warmup must be 0 or more")
+    for name in ("flops_per_sample", "peak_tflops"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ReportError(f"--{name.replace('_', '-')} {value}: must be a positive finite number")
 
 
 def _spec_from_json(text: str, seq_length: int) -> ModelSpec:
@@ -79,4 +167,6 @@ def _spec_from_json(text: str, seq_length: int) -> ModelSpec:
         fields = json.loads(text)
     except json.JSONDecodeError as error:
         raise ReportError(f"--model-spec is not JSON: {error}") from error
+    if not isinstance(fields, dict):
+        raise ReportError("--model-spec must be a JSON object of ModelSpec fields")
     return ModelSpec.from_dict({"seq_length": seq_length, **fields})

@@ -1,223 +1,253 @@
-"""Summaries for runs made without the plugin, from what they left behind:
+"""Summaries for runs made without the plugin, from what they left behind.
 
-* NeMo training logs (a Slurm .out file): the progress lines with ``train_step_timing in s``,
-  as NeMo 1.x's tqdm bar (``global_step=9.000, ..., train_step_timing in s=3.41``) and NeMo 2's
-  ProgressPrinter (``iteration 9/99 | ... | train_step_timing in s: 3.41``) print them;
-* Megatron-LM logs: ``iteration 10/1000 | ... | elapsed time per iteration (ms): 3410.5 | ...
-  | global batch size: 128 |``;
-* TensorBoard event files of NeMo runs: the ``train_step_timing in s`` scalar.
+Each log format is a small module behind the registry below: ``nemo`` (NeMo 1.x progress bar and
+NeMo 2 progress printer), ``megatron`` (Megatron-LM and Megatron-Bridge iteration lines) and
+``tensorboard`` (event files with NeMo's ``train_step_timing in s`` scalar). Text logs go
+through :mod:`~nemo_throughput.importers.lines`, which strips launcher prefixes and tells ranks
+apart; one rank is read (the lowest that prints step lines, or the one asked for).
 
-Steps are numbered from 1 as in the callback's summaries (NeMo's 0-based global step + 1). A
-value that a log prints as the average of a logging interval counts as one sample at its step.
+Steps are numbered from 1 as in the callback's summaries (NeMo's 0-based global step + 1,
+Megatron's iteration). A value a log prints as the mean of a logging interval counts as one
+sample at its step. Step times that are not positive finite numbers are left out and counted.
 """
 
 from __future__ import annotations
 
-import re
-import struct
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from types import ModuleType
+from typing import Any
 
 from nemo_throughput import environment
 from nemo_throughput.aggregation import RunStats, steps_tensor
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import identify, peak_tflops
+from nemo_throughput.importers import megatron, nemo, tensorboard
+from nemo_throughput.importers.lines import check_text, read_lines
+from nemo_throughput.importers.steps import Step, StepLog
 from nemo_throughput.report.runs import ReportError, Window
-from nemo_throughput.summary import RunFacts, build_summary
+from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
 from nemo_throughput.timing import StepTimes
 
-FORMATS = ("nemo", "megatron", "tensorboard")
-NEMO_TAG = "train_step_timing in s"
-
-_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-_NEMO_TIME = re.compile(NEMO_TAG + r"\s*[=:]\s*" + _NUMBER)
-_NEMO_GLOBAL_STEP = re.compile(r"global_step\s*[=:]\s*([0-9]+)(?:\.0*)?\b")
-_NEMO_ITERATION = re.compile(r"iteration ([0-9]+)/[0-9]+")
-_MEGATRON = re.compile(r"iteration\s+([0-9]+)/\s*[0-9]+\s*\|.*?elapsed time per iteration \(ms\):\s*" + _NUMBER)
-_MEGATRON_BATCH = re.compile(r"global batch size:\s*([0-9]+)")
+TEXT_FORMATS: dict[str, ModuleType] = {nemo.NAME: nemo, megatron.NAME: megatron}
+FORMATS = (*TEXT_FORMATS, tensorboard.NAME)
+NEMO_TAG = nemo.TAG
+MAX_LISTED = 20  # steps named in messages and in timing.excluded_step_times
 
 
-def detect_format(path: Path) -> str:
-    if path.is_dir() or "tfevents" in path.name:
-        return "tensorboard"
-    text = _read_text(path)
-    if "elapsed time per iteration (ms)" in text:
-        return "megatron"
-    if NEMO_TAG in text:
-        return "nemo"
-    raise ReportError(f"{path}: no step lines: neither NeMo's `{NEMO_TAG}` nor Megatron-LM's "
-                      "`elapsed time per iteration (ms)` appears in it")
+@dataclass
+class ReadLog:
+    """The steps one rank of a log holds, and where they came from."""
+
+    fmt: str
+    steps: StepLog
+    rank: str | None = None  # the prefix label of the rank read; None: lines without a rank prefix
+    ranks: list[str | None] = field(default_factory=list)  # every rank with step lines
+    styles: set[str] = field(default_factory=set)
+
+    @property
+    def rank_note(self) -> str | None:
+        """What to tell the user about the rank read, or None when the log has no rank prefixes."""
+        if self.rank is None:
+            return None
+        others = [r for r in self.ranks if r != self.rank]
+        if not others:
+            return f"rank {self.rank} (the only rank that prints step lines)"
+        listed = ", ".join(str(r) for r in self.ranks[:MAX_LISTED]) + (" ..." if len(self.ranks) > MAX_LISTED else "")
+        return f"rank {self.rank} of {len(self.ranks)} that print step lines ({listed}; --rank picks another)"
 
 
-def read_steps(path: Path, fmt: str) -> tuple[list[tuple[int, float]], dict[str, int]]:
-    """(step, seconds) in step order, and facts the log itself states (Megatron's global batch)."""
-    facts: dict[str, int] = {}
-    steps: dict[int, float] = {}  # a step printed twice (progress bar refreshes): the last print wins
-    if fmt == "tensorboard":
-        for step, value in _tensorboard_scalars(path, NEMO_TAG):
-            steps[step + 1] = value
-    else:
-        for line in re.split(r"[\r\n]+", _read_text(path)):
-            if fmt == "megatron":
-                match = _MEGATRON.search(line)
-                if match:
-                    steps[int(match.group(1))] = float(match.group(2)) / 1e3
-                    batch = _MEGATRON_BATCH.search(line)
-                    if batch:
-                        facts["global_batch_size"] = int(batch.group(1))
-            elif (time_match := _NEMO_TIME.search(line)):
-                step_match = _NEMO_GLOBAL_STEP.search(line) or _NEMO_ITERATION.search(line)
-                if step_match:
-                    steps[int(step_match.group(1)) + 1] = float(time_match.group(1))
-    if not steps:
-        what = {"nemo": f"`{NEMO_TAG}` progress lines", "megatron": "`elapsed time per iteration (ms)` lines",
-                "tensorboard": f"`{NEMO_TAG}` scalars"}[fmt]
-        raise ReportError(f"{path}: no {what} with a step number found")
-    return sorted(steps.items()), facts
+@dataclass
+class Imported:
+    summary: dict[str, Any]
+    notes: list[str]  # what the user should see: the rank read, steps left out
+
+
+def detect_format(path: Path) -> str | None:
+    """"tensorboard" for event files and directories; None: a text log, format decided by its lines."""
+    if path.is_dir() or "tfevents" in path.name or tensorboard.is_event_file(path):
+        return tensorboard.NAME
+    return None
+
+
+def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
+             global_batch_size: int | None = None) -> ReadLog:
+    """One rank's steps of a log: ``fmt`` None detects it; ``rank`` None takes the lowest rank."""
+    if not path.exists():
+        raise ReportError(f"{path}: no such file or directory (check the path)")
+    fmt = fmt or detect_format(path)
+    if fmt == tensorboard.NAME:
+        if rank is not None:
+            raise ReportError(f"{path}: --rank applies to text logs; TensorBoard event files hold one rank's values")
+        return ReadLog(fmt, tensorboard.read_steps(path), styles={"TensorBoard scalar"})
+    if path.is_dir():
+        raise ReportError(f"{path}: a directory without TensorBoard event files (give the log file itself)")
+    check_text(path)
+    formats = [fmt] if fmt else list(TEXT_FORMATS)
+    ranks = _ranks_with_steps(path, formats)
+    if not ranks:
+        raise ReportError(_no_steps_message(path, fmt))
+    found = {name for name, _ in ranks}
+    if len(found) > 1:
+        raise ReportError(f"{path}: both NeMo (`{nemo.TAG}`) and Megatron-LM (`{megatron.TAG}`) step lines "
+                          "(give --format nemo or --format megatron)")
+    fmt = found.pop()
+    labels = sorted({label for _, label in ranks}, key=_rank_order)
+    chosen = _choose_rank(path, labels, rank)
+    reader = TEXT_FORMATS[fmt].Reader(path, global_batch_size)
+    for line in read_lines(path):
+        if line.rank == chosen and TEXT_FORMATS[fmt].matches(line.text):
+            reader.feed(line)
+    if not reader.log.steps:
+        raise ReportError(_no_steps_message(path, fmt))
+    return ReadLog(fmt, reader.log, chosen, labels, reader.styles)
 
 
 def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | None, seq_length: int,
-               spec: ModelSpec, model_name: str, num_gpus: int, num_nodes: int, label: str,
-               window: Window | None = None, warmup_steps: int = 10, gpu_name: str | None = None,
-               dtype: str | None = None, peak: float | None = None, flops_formula: str = "megatron",
-               orchestrator: str | None = None) -> dict[str, Any]:
+               spec: ModelSpec | None, model_name: str, num_gpus: int, num_nodes: int, label: str,
+               name: str | None = None, rank: str | None = None, window: Window | None = None,
+               warmup_steps: int = 10, gpu_name: str | None = None, dtype: str | None = None,
+               peak: float | None = None, flops_formula: str = "megatron", flops_per_sample: float | None = None,
+               orchestrator: str | None = None) -> Imported:
     """A schema-v1 summary of a run from its log; the facts a log lacks come as arguments."""
-    fmt = fmt or detect_format(path)
-    if fmt not in FORMATS:
+    if fmt is not None and fmt not in FORMATS:
         raise ReportError(f"unknown log format {fmt!r}; choose one of {list(FORMATS)}")
-    steps, stated = read_steps(path, fmt)
-    if global_batch_size is None:
-        global_batch_size = stated.get("global_batch_size")
-        if global_batch_size is None:
-            raise ReportError(f"{path}: the log does not state the global batch size: give --global-batch-size")
-    elif stated.get("global_batch_size", global_batch_size) != global_batch_size:
-        raise ReportError(f"{path}: --global-batch-size {global_batch_size} but the log says "
-                          f"{stated['global_batch_size']}")
-    spec = ModelSpec.from_dict({**spec.to_dict(), "seq_length": seq_length})
+    if spec is None and flops_per_sample is None:
+        raise ReportError("give the model (--model or --model-spec) or --flops-per-sample")
+    read = read_log(path, fmt, rank, global_batch_size)
+    valid, bad = _split_bad_times(read.steps.steps)
+    if not valid:
+        raise ReportError(f"{path}: no step has a usable time: all {len(bad)} are zero, negative, NaN or infinite "
+                          "(check the log)")
+    start_step = valid[0].step - 1  # the warm-up is the log's first steps, wherever it starts
+    stats = RunStats(world_size=1, warmup_steps=0 if window else warmup_steps, start_step=start_step)
+    measured = _measured(path, valid, window, stats, warmup_steps)
+    batch = _global_batch_size(path, read, measured, global_batch_size)
+    stats.add(steps_tensor([[StepTimes(s.step, s.seconds) for s in measured]]))
 
-    stats = RunStats(world_size=1, warmup_steps=0 if window else warmup_steps)
-    counted = window.select(steps) if window else steps
-    if not [s for s in counted if not stats.is_warmup(s[0])]:
-        raise ReportError(f"{path}: no step left to measure: it has steps {steps[0][0]} to {steps[-1][0]}, "
-                          + (f"--window {window.text}" if window else f"the first {warmup_steps} are warm-up"))
-    stats.add(steps_tensor([[StepTimes(step, seconds) for step, seconds in counted]]))
-
-    if peak is not None:
-        peak_source = "user"
-    elif gpu_name and dtype:
-        peak = peak_tflops(gpu_name, dtype)
-        peak_source = f"table:{identify(gpu_name).name}" if peak is not None else None
+    if spec is not None:
+        spec = ModelSpec.from_dict({**spec.to_dict(), "seq_length": seq_length})
+    if flops_per_sample is None:
+        flops_per_sample, flops_given = model_flops_per_sample(spec, flops_formula), False
     else:
-        peak_source = None
+        flops_given = True
     facts = RunFacts(
-        name=path.stem if path.is_file() else path.name, label=label, global_batch_size=global_batch_size,
+        name=name or (path.stem if path.is_file() else path.name), label=label, global_batch_size=batch,
         micro_batch_size=None, seq_length=seq_length, model_name=model_name, model_spec=spec,
-        flops_formula=flops_formula, flops_per_sample=model_flops_per_sample(spec, flops_formula),
-        gpu_name=gpu_name or "unknown", num_gpus=num_gpus, num_nodes=num_nodes, dtype=dtype, peak_tflops=peak,
-        peak_source=peak_source, source=f"import:{fmt}",
+        flops_formula=USER_FLOPS if flops_given else flops_formula, flops_per_sample=flops_per_sample,
+        gpu_name=gpu_name or "unknown", num_gpus=num_gpus, num_nodes=num_nodes, dtype=dtype,
+        **_peak(peak, gpu_name, dtype), source=f"import:{read.fmt}",
         environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path),
+                     "imported_rank": read.rank, "log_styles": sorted(read.styles),
                      "versions": environment.library_versions()},
     )
     summary = build_summary(facts, stats, "completed")
-    timing = summary["timing"]
-    timing.update(window=window.text if window else f"{warmup_steps + 1}:", steps=[list(s) for s in steps],
-                  per_rank_step_time_s=None, per_rank_local_time_s=None, slowest_rank=None, straggler=None)
-    return summary
+    summary["timing"].update(
+        window=window.text if window else f"{start_step + warmup_steps + 1}:",
+        steps=[[s.step, s.seconds] for s in valid],
+        excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]},
+        per_rank_step_time_s=None, per_rank_local_time_s=None, slowest_rank=None, straggler=None)
+    return Imported(summary, _notes(read, bad))
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError as error:
-        raise ReportError(f"{path}: cannot read it ({error.strerror})") from error
+def _measured(path: Path, valid: list[Step], window: Window | None, stats: RunStats, warmup_steps: int) -> list[Step]:
+    """The steps that count: the window's, or all after the warm-up."""
+    counted = window.select([(s.step, s) for s in valid]) if window else [(s.step, s) for s in valid]
+    measured = [s for n, s in counted if not stats.is_warmup(n)]
+    if not measured:
+        raise ReportError(f"{path}: no step left to measure: it has steps {valid[0].step} to {valid[-1].step}, "
+                          + (f"--window {window.text} selects none" if window else
+                             f"the first {warmup_steps} are warm-up (give --warmup or --window)"))
+    return measured
 
 
-# ------------------------------------------------------------------------------------ TensorBoard
-def _tensorboard_scalars(path: Path, tag: str) -> Iterator[tuple[int, float]]:
-    """(step, value) of one scalar tag in a TensorBoard event file or a directory of them."""
-    files = sorted(path.rglob("*tfevents*")) if path.is_dir() else [path]
-    if not files:
-        raise ReportError(f"{path}: no TensorBoard event files (*tfevents*) in it")
-    for file in files:
-        try:
-            with file.open("rb") as f:
-                for record in _tfrecords(f):
-                    yield from _scalars_of_event(record, tag)
-        except (OSError, ValueError, struct.error) as error:
-            raise ReportError(f"{file}: not a readable TensorBoard event file ({error})") from error
+def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
+    notes = [f"read {read.rank_note}"] if read.rank_note else []
+    if bad:
+        listed = ", ".join(f"{s.step} ({s.seconds:g} s)" for s in bad[:MAX_LISTED])
+        notes.append(f"warning: {len(bad)} step time(s) left out, not positive finite numbers: {listed}"
+                     + (" ..." if len(bad) > MAX_LISTED else ""))
+    return notes
 
 
-def _tfrecords(f: BinaryIO) -> Iterator[bytes]:
-    # TFRecord: uint64 length, uint32 length CRC, data, uint32 data CRC (little-endian).
-    while header := f.read(12):
-        if len(header) < 12:
-            raise ValueError("truncated record")
-        (length,) = struct.unpack("<Q", header[:8])
-        data = f.read(length)
-        if len(data) < length or len(f.read(4)) < 4:
-            raise ValueError("truncated record")
-        yield data
+def _ranks_with_steps(path: Path, formats: Iterable[str]) -> set[tuple[str, str | None]]:
+    """(format, rank label) of every rank whose lines look like step lines."""
+    found = set()
+    for line in read_lines(path):
+        for name in formats:
+            if TEXT_FORMATS[name].matches(line.text):
+                found.add((name, line.rank))
+    return found
 
 
-def _scalars_of_event(event: bytes, tag: str) -> Iterator[tuple[int, float]]:
-    # Event{2: step (varint), 5: Summary{1: repeated Value{1: tag, 2: simple_value (float),
-    # 8: TensorProto{1: dtype, 5: float_val, 6: double_val}}}}
-    step = 0
-    summaries = []
-    for number, _, value in _protobuf_fields(event):
-        if number == 2:
-            step = value
-        elif number == 5:
-            summaries.append(value)
-    for summary in summaries:
-        for number, _, value in _protobuf_fields(summary):
-            if number != 1:
-                continue
-            fields = {n: v for n, _, v in _protobuf_fields(value)}
-            if fields.get(1, b"").decode(errors="replace") != tag:
-                continue
-            if 2 in fields:
-                yield step, struct.unpack("<f", fields[2])[0]
-            elif 8 in fields:
-                yield step, _tensor_scalar(fields[8])
+def _rank_order(label: str | None) -> tuple[int, list[int], str]:
+    if label is None:
+        return 0, [], ""
+    numbers = [int(part) for part in label.replace("pid ", "").split("/") if part.isdigit()]
+    return 1, numbers, label
 
 
-def _tensor_scalar(tensor: bytes) -> float:
-    fields = {n: v for n, _, v in _protobuf_fields(tensor)}
-    if 5 in fields:  # float_val, packed
-        return struct.unpack("<f", fields[5][:4])[0]
-    if 6 in fields:  # double_val, packed
-        return struct.unpack("<d", fields[6][:8])[0]
-    content, dtype = fields.get(4, b""), fields.get(1, 1)
-    return struct.unpack("<d" if dtype == 2 else "<f", content[:8 if dtype == 2 else 4])[0]
+def _choose_rank(path: Path, labels: list[str | None], wanted: str | None) -> str | None:
+    if wanted is None:
+        if None in labels and len(labels) > 1:
+            raise ReportError(f"{path}: step lines both with and without a rank prefix (ranks "
+                              f"{', '.join(str(r) for r in labels if r is not None)}) (give --rank, or a log "
+                              "written by one launcher)")
+        return labels[0]
+    if wanted in labels:
+        return wanted
+    if labels == [None]:
+        raise ReportError(f"{path}: --rank {wanted}: the log's lines have no rank prefix (leave out --rank)")
+    by_last = [label for label in labels if label is not None and label.split("/")[-1] == wanted]
+    if len(by_last) == 1:
+        return by_last[0]
+    printed = ", ".join(str(r) for r in labels[:MAX_LISTED])
+    raise ReportError(f"{path}: --rank {wanted}: " + ("ambiguous" if by_last else "no step lines from it")
+                      + f" (ranks that print step lines: {printed})")
 
 
-def _protobuf_fields(buffer: bytes) -> Iterator[tuple[int, int, Any]]:
-    i = 0
-    while i < len(buffer):
-        key, i = _varint(buffer, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buffer, i)
-        elif wire == 1:
-            value, i = buffer[i:i + 8], i + 8
-        elif wire == 2:
-            length, i = _varint(buffer, i)
-            value, i = buffer[i:i + length], i + length
-        elif wire == 5:
-            value, i = buffer[i:i + 4], i + 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield number, wire, value
+def _split_bad_times(steps: list[Step]) -> tuple[list[Step], list[Step]]:
+    valid = [s for s in steps if math.isfinite(s.seconds) and s.seconds > 0]
+    bad = [s for s in steps if not (math.isfinite(s.seconds) and s.seconds > 0)]
+    return valid, bad
 
 
-def _varint(buffer: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = buffer[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, i
-        shift += 7
+def _global_batch_size(path: Path, read: ReadLog, measured: list[Step], given: int | None) -> int:
+    """The batch of the counted steps: the one the log states (constant), checked against the given one."""
+    stated = [s for s in measured if s.global_batch_size is not None]
+    values = sorted({s.global_batch_size for s in stated})
+    if len(values) > 1:
+        first = next(s for s in stated if s.global_batch_size != stated[0].global_batch_size)
+        final = next(s for s in stated if s.global_batch_size == stated[-1].global_batch_size)
+        raise ReportError(
+            f"{path}: the global batch size changes within the counted steps ({stated[0].global_batch_size} at step "
+            f"{stated[0].step}, {first.global_batch_size} at step {first.step}): a batch-size ramp; count only "
+            f"steps after it (e.g. --window {final.step}:)")
+    if values and given is not None and values[0] != given:
+        raise ReportError(f"{path}: --global-batch-size {given} but the log says {values[0]} (line "
+                          f"{stated[0].line}, from {TEXT_FORMATS[read.fmt].BATCH_ORIGIN}) (leave out "
+                          "--global-batch-size or correct it)")
+    if values:
+        return values[0]
+    if given is None:
+        raise ReportError(f"{path}: the log does not state the global batch size (give --global-batch-size)")
+    return given
+
+
+def _peak(peak: float | None, gpu_name: str | None, dtype: str | None) -> dict[str, Any]:
+    if peak is not None:
+        return {"peak_tflops": peak, "peak_source": "user"}
+    if gpu_name and dtype:
+        value = peak_tflops(gpu_name, dtype)
+        return {"peak_tflops": value, "peak_source": f"table:{identify(gpu_name).name}" if value is not None else None}
+    return {"peak_tflops": None, "peak_source": None}
+
+
+def _no_steps_message(path: Path, fmt: str | None) -> str:
+    if fmt is None:
+        return (f"{path}: no step lines: neither NeMo's `{nemo.TAG}` nor Megatron-LM's `{megatron.TAG}` appears "
+                "in it (give the training log, e.g. the Slurm .out file of the job)")
+    what = {nemo.NAME: f"`{nemo.TAG}` progress lines", megatron.NAME: f"`{megatron.TAG}` iteration lines"}[fmt]
+    return f"{path}: no {what} with a step number found (give the training log, or another --format)"

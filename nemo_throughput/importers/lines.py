@@ -1,0 +1,119 @@
+"""A log file as text lines, each tagged with the rank that printed it, read in bounded memory.
+
+Cluster logs interleave what many processes print, each launcher with its own prefix:
+``srun --label`` puts `` 12: `` before every line, torchrun ``--tee``/``--redirect`` puts
+``[default3]:``, NeMo-Run's TorchX ``pretraining/0 [default3]:``, PyTorch's distributed logging
+``[rank3]:``, Ray ``(name, pid=42)``;
+``kubectl logs --timestamps`` and many wrappers put a timestamp first. Progress bars redraw with
+carriage returns, so one file line can hold thousands of updates. This module splits a file on
+both ``\\n`` and ``\\r``, strips those prefixes and says which rank each piece came from; the
+format readers then never see a prefix and the importer can read one rank at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from nemo_throughput.report.runs import ReportError
+
+CHUNK_BYTES = 1 << 20
+SNIFF_BYTES = 64 * 1024
+MAX_PIECE_BYTES = 256 * 1024  # a longer run of bytes without \n or \r is not a log line: skipped
+MAX_UNDECODABLE_SHARE = 0.01  # of the first SNIFF_BYTES: more and the file is not text
+
+_TIMESTAMP = re.compile(r"\s*\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s+")
+_SRUN = re.compile(r"\s*(\d+): ")
+_TORCHX = re.compile(r"[\w.-]+/(\d+) (?=\[(?:default|rank)\d+\]:)")  # NeMo-Run (TorchX): "<role>/<replica> "
+_TORCHRUN = re.compile(r"\[(?:default|rank)(\d+)\]:\s?")
+_PROCESS = re.compile(r"\([\w.-]+, pid=(\d+)(?:, ip=[\d.]+)?\)\s")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One piece of a log between line breaks or carriage returns."""
+
+    number: int  # 1-based line (\n) number in the file
+    rank: str | None  # "3" (srun or torchrun), "0/3" (srun task or TorchX replica 0, local rank 3), "pid 42"
+    text: str  # with the prefixes removed
+    redraw: bool  # came after a carriage return: a progress bar drawn again on the same line
+
+
+def check_text(path: Path) -> None:
+    """Refuse binary input early, naming the file, before any line is parsed."""
+    head = _read_head(path)
+    if b"\x00" in head:
+        raise ReportError(f"{path}: binary data (NUL bytes), not a text log (give the training log, e.g. the "
+                          "Slurm .out file, or a TensorBoard event file)")
+    undecodable = head.decode("utf-8", errors="replace").count("\ufffd")
+    if head and undecodable > MAX_UNDECODABLE_SHARE * len(head):
+        raise ReportError(f"{path}: not UTF-8 text: {undecodable:,} undecodable bytes in the first {len(head):,} "
+                          "(give the training log as the job wrote it)")
+
+
+def read_lines(path: Path) -> Iterator[Line]:
+    """Every piece of text of the file in order, with its rank; pieces longer than MAX_PIECE_BYTES skipped."""
+    number, rank, after_return = 1, None, False
+    for piece, separator in _pieces(path):
+        if piece:
+            text = piece.decode("utf-8", errors="replace")
+            own_rank, text = strip_prefixes(text)
+            if not after_return or own_rank is not None:
+                rank = own_rank
+            yield Line(number, rank, text, after_return)
+        after_return = separator == b"\r"
+        if separator == b"\n":
+            number, rank = number + 1, None
+
+
+def strip_prefixes(text: str) -> tuple[str | None, str]:
+    """(rank label or None, text without launcher and timestamp prefixes)."""
+    text = _strip(_TIMESTAMP, text)[1]
+    labels = []
+    for pattern in (_SRUN, _TORCHX, _TORCHRUN):
+        label, text = _strip(pattern, text)
+        if label is not None:
+            labels.append(label)
+    if not labels:
+        pid, text = _strip(_PROCESS, text)
+        if pid is not None:
+            labels.append(f"pid {pid}")
+    return ("/".join(labels) if labels else None), text
+
+
+def _strip(pattern: re.Pattern[str], text: str) -> tuple[str | None, str]:
+    match = pattern.match(text)
+    if not match:
+        return None, text
+    return (match.group(1) if pattern.groups else ""), text[match.end():]
+
+
+def _pieces(path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """(bytes, the separator that ended them: b"\\n", b"\\r" or b"" at the end of the file)."""
+    pending = b""
+    skipping = False  # inside an over-long piece: drop bytes up to the next separator
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(CHUNK_BYTES):
+                pending += chunk
+                parts = re.split(rb"([\r\n])", pending)
+                pending = parts.pop()
+                for i in range(0, len(parts), 2):
+                    yield (b"" if skipping else parts[i]), parts[i + 1]
+                    skipping = False
+                if len(pending) > MAX_PIECE_BYTES:
+                    pending, skipping = b"", True
+    except OSError as error:
+        raise ReportError(f"{path}: cannot read it ({error.strerror or error})") from error
+    if pending and not skipping:
+        yield pending, b""
+
+
+def _read_head(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            return f.read(SNIFF_BYTES)
+    except OSError as error:
+        raise ReportError(f"{path}: cannot read it ({error.strerror or error})") from error

@@ -1,0 +1,610 @@
+"""`nemo-throughput import`: real log lines from public sources first (tests/data/import, origins in
+its ORIGIN.md), then logs written here the way NeMo, tqdm, Megatron and the launchers write them."""
+
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+
+from conftest import nemo_throughput_cli
+from nemo_throughput.cli import main
+from nemo_throughput.flops import model_flops_per_sample
+from nemo_throughput.importers.nemo import tqdm_range
+from nemo_throughput.presets import preset
+from nemo_throughput.report.runs import Window, load_run
+
+DATA = Path(__file__).parent / "data" / "import"
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"  # NeMo 1.x
+MEGATRON_LINE = (" iteration       10/     100 | consumed samples:         1280 | "
+                 "elapsed time per iteration (ms): 1500.0 | global batch size:   128 |\n")
+
+
+def run_import(capsys, log, *extra, out, model=("--model", "gpt3-126m")):
+    """The real `nemo-throughput import` entry point, in this process: (exit code, stdout, stderr)."""
+    code = main(["import", *map(str, log if isinstance(log, list) else [log]), "--label", "bare-metal", *model,
+                 "--seq-length", "2048", "--num-gpus", "16", "--output-dir", str(out), *map(str, extra)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def summary_of(out, name):
+    return json.loads((out / name / "summary.json").read_text())
+
+
+def steps_of(summary):
+    return [step for step, _ in summary["timing"]["steps"]]
+
+
+def error_line(err, file_name):
+    """Every failure is one `nemo-throughput import: <file>: <what> (<what to do>)` line, never a traceback."""
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("nemo-throughput import: ") and file_name in line and line.endswith(")"), err
+    return line
+
+
+# ------------------------------------------------------------------------------- real logs
+def test_real_nemo1_bar_reads_the_batch_from_consumed_samples(tmp_path, capsys):
+    # NVIDIA's DGX Cloud recipe README: global_step=99.00, consumed_samples=12800.0 -> step 100, 128 per step
+    code, out, err = run_import(capsys, DATA / "nemo1_dgxc_llama31_70b_last_step.out", "--window", "last",
+                                out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, "nemo1_dgxc_llama31_70b_last_step")
+    assert summary["timing"]["steps"] == [[100, 11.2]] and summary["batch"]["global_batch_size"] == 128
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(128 * 2048 / 11.2)
+
+
+def test_real_nemo1_bar_whose_batch_disagrees_with_the_given_one(tmp_path, capsys):
+    # The Grok-1 README computes with 4096 per step; its own log line says 51200 samples after 50 steps.
+    log = DATA / "nemo1_dgxc_grok1_last_step.out"
+    code, _, err = run_import(capsys, log, "--global-batch-size", "4096", "--window", "last", out=tmp_path)
+    assert code == 2
+    assert "--global-batch-size 4096 but the log says 1024" in error_line(err, log.name)
+    assert not (tmp_path / "nemo1_dgxc_grok1_last_step").exists()
+
+
+@pytest.mark.parametrize("fixture, extra, allowed", [
+    ("nemo1_compact_llama2_peft.out", ["--global-batch-size", "128"], "steps 1,997 to 2,003"),  # 2.56e+5 / 128
+    ("nemo1_compact_eks.out", [], "steps 1,996 to 2,006"),
+])
+def test_real_nemo1_bar_with_only_rounded_step_numbers_is_refused(tmp_path, capsys, fixture, extra, allowed):
+    code, _, err = run_import(capsys, DATA / fixture, *extra, "--window", "last", out=tmp_path)
+    assert code == 2
+    line = error_line(err, fixture)
+    assert "rounded by tqdm" in line and allowed in line and "global_step=2e+3" in line
+    assert "230400.0-last.ckpt" not in line  # the checkpoint path printed after the bar is not part of it
+
+
+def test_real_nemo2_printer_lines_state_the_batch(tmp_path, capsys):
+    log = DATA / "nemo2_evo2_finetune_notebook.log"  # indented notebook output, validation lines between
+    code, _, err = run_import(capsys, log, "--warmup", "1", out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, "nemo2_evo2_finetune_notebook")
+    assert steps_of(summary) == [*range(1, 14), *range(48, 54)]  # global_step 0-12 and 47-52
+    assert summary["batch"]["global_batch_size"] == 4 and summary["timing"]["window"] == "2:"
+    assert summary["timing"]["step_time_s"]["max"] == 2.262  # step 2; the 23.52 s of step 1 is warm-up
+    code, _, err = run_import(capsys, log, "--global-batch-size", "8", out=tmp_path)
+    assert code == 2 and "--global-batch-size 8 but the log says 4" in error_line(err, log.name)
+
+
+def test_real_nemo2_lines_behind_timestamps(tmp_path, capsys):
+    code, _, err = run_import(capsys, DATA / "nemo2_qwen3_8b_timestamped.log", "--warmup", "0", out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, "nemo2_qwen3_8b_timestamped")
+    assert summary["timing"]["steps"] == [[528, 2.389], [529, 2.443], [530, 2.127]]
+    assert summary["batch"]["global_batch_size"] == 32
+
+
+def test_real_srun_label_prefix_says_which_rank_was_read(tmp_path, capsys):
+    code, _, err = run_import(capsys, DATA / "nemo2_esm2_srun_label.out", "--warmup", "0", out=tmp_path)
+    assert code == 0, err
+    assert "read rank 0 (the only rank that prints step lines)" in err
+    summary = summary_of(tmp_path, "nemo2_esm2_srun_label")
+    assert steps_of(summary) == list(range(29, 36)) and summary["environment"]["imported_rank"] == "0"
+
+
+def test_a_warning_that_names_the_metric_is_not_a_step_line(tmp_path, capsys):
+    warning = ("[NeMo W 2025-06-18 16:52:59 nemo_logging:405] /usr/local/lib/python3.12/dist-packages/lightning/"
+               "pytorch/trainer/connectors/logger_connector/result.py:431: It is recommended to use "
+               "`self.log('train_step_timing in s', ..., sync_dist=True)` when logging on epoch level in distributed "
+               "setting to accumulate the metric across devices.\n")
+    log = tmp_path / "esm2.out"
+    log.write_text(warning + (DATA / "nemo2_esm2_srun_label.out").read_text())
+    code, _, err = run_import(capsys, log, "--warmup", "0", out=tmp_path / "out")
+    assert code == 0, err
+    assert "read rank 0 (the only rank that prints step lines)" in err
+
+
+def test_real_nemo_run_torchx_prefix(tmp_path, capsys):
+    code, _, err = run_import(capsys, DATA / "nemo2_nemo_run_torchx_prefix.log", "--warmup", "0", out=tmp_path)
+    assert code == 0, err
+    assert "read rank 0/0 (the only rank that prints step lines)" in err
+    summary = summary_of(tmp_path, "nemo2_nemo_run_torchx_prefix")
+    assert summary["timing"]["steps"] == [[1, 5.276], [2, 2.008]] and summary["batch"]["global_batch_size"] == 4
+
+
+def test_real_megatron_lines_behind_timestamps(tmp_path, capsys):
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", "--window", "last", out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, "megatron_lm_mixtral_issue756")
+    assert steps_of(summary) == [43, 44, 45, 71, 72, 73] and summary["batch"]["global_batch_size"] == 128
+    assert summary["timing"]["step_time_s"]["mean"] == pytest.approx(5.8299)
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", "--global-batch-size", "256",
+                              out=tmp_path)
+    assert code == 2 and "--global-batch-size 256 but the log says 128" in error_line(err, "issue756")
+
+
+@pytest.mark.parametrize("fixture, step, seconds, batch", [
+    ("megatron_lm_bert_nccl_issue743.log", 10, 0.3562, 4),  # no throughput field, skipped iterations
+    ("megatron_llm_epfl_issue11.log", 125, 89.0752, 1024),
+    ("megatron_openseek_torchrun_default0.log", 1, 271.607, 1024),
+])
+def test_real_megatron_lines(tmp_path, capsys, fixture, step, seconds, batch):
+    code, _, err = run_import(capsys, DATA / fixture, "--window", "last", out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, fixture.removesuffix(".log"))
+    assert summary["timing"]["steps"][-1] == [step, pytest.approx(seconds)]
+    assert summary["batch"]["global_batch_size"] == batch
+
+
+def test_real_torchrun_log_where_only_the_last_rank_prints(tmp_path, capsys):
+    # Megatron prints on the last rank (print_rank_last): here torchrun's [default7]
+    code, _, err = run_import(capsys, DATA / "megatron_flagscale_torchrun_default7.log", "--window", "last",
+                              out=tmp_path)
+    assert code == 0, err
+    assert "read rank 7 (the only rank that prints step lines)" in err
+
+
+# ------------------------------------------------------------------------------- ranks
+def _real_megatron_line(rank_prefix: str, seconds_ms: float) -> str:
+    line = (DATA / "megatron_flagscale_torchrun_default7.log").read_text().strip()
+    return line.replace("[default7]: ", rank_prefix).replace("1510.4", f"{seconds_ms:.1f}")
+
+
+def test_several_ranks_with_prefixes_are_read_one_at_a_time(tmp_path, capsys):
+    log = tmp_path / "torchrun.log"
+    log.write_text("".join(_real_megatron_line(f"[default{r}]: ", 1000.0 + r) + "\n" for r in (3, 0, 7)))
+    code, _, err = run_import(capsys, log, "--window", "last", out=tmp_path / "out")
+    assert code == 0, err
+    assert "read rank 0 of 3 that print step lines (0, 3, 7; --rank picks another)" in err
+    assert summary_of(tmp_path / "out", "torchrun")["timing"]["steps"] == [[561, 1.0]]
+    code, _, err = run_import(capsys, log, "--window", "last", "--rank", "7", out=tmp_path / "out")
+    assert code == 0 and summary_of(tmp_path / "out", "torchrun")["timing"]["steps"] == [[561, 1.007]]
+    code, _, err = run_import(capsys, log, "--rank", "5", out=tmp_path / "out")
+    assert code == 2 and "--rank 5: no step lines from it (ranks that print step lines: 0, 3, 7)" in err
+
+
+def test_several_ranks_without_prefixes_are_refused_not_merged(tmp_path, capsys):
+    log = tmp_path / "noprefix.log"
+    log.write_text("".join(_real_megatron_line("", 1000.0 + r) + "\n" for r in (0, 1)))
+    code, _, err = run_import(capsys, log, "--window", "last", out=tmp_path / "out")
+    assert code == 2
+    line = error_line(err, "noprefix.log")
+    assert "step 561 is printed twice with different values (line 1: 1 s, line 2: 1.001 s)" in line
+    assert "srun --label" in line
+
+
+def test_srun_label_with_progress_bars_redrawn_by_carriage_returns(tmp_path, capsys):
+    # srun labels each \n-line; the \r redraws inside it belong to the same rank
+    def bar(rank, steps):
+        pieces = [f"Epoch 0: : {s}/{steps} [00:00<00:00, global_step={s - 1}.000, consumed_samples={8 * s}.0, "
+                  f"train_step_timing in s={rank + 1}.000]" for s in range(1, steps + 1)]
+        return f"{rank:2d}: " + "\r".join(pieces) + "\n"
+    log = tmp_path / "srun.out"
+    log.write_text(bar(1, 12) + bar(0, 12) + " 1: [NeMo I 2024-06-17 08:36:41 nlp_overrides:480] done\n")
+    code, _, err = run_import(capsys, log, "--warmup", "0", out=tmp_path / "out")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "out", "srun")
+    assert summary["timing"]["steps"] == [[s, 1.0] for s in range(1, 13)] and "read rank 0 of 2" in err
+
+
+# ------------------------------------------------------------------------------- NeMo 1.x bars
+def megatron_bar_log(path: Path, step_times: list[float], global_batch_size: int, validate_every: int = 0) -> None:
+    """A NeMo 1.x log drawn by Lightning's real tqdm bar the way MegatronProgressBar drives it: at
+    each step the bar moves to the new count and redraws (still showing the previous step's
+    metrics), then takes the new metrics without drawing; validation redraws with fresh ones."""
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+    with path.open("w") as f:
+        bar = Tqdm(desc="Epoch 0", total=len(step_times), file=f, mininterval=0, bar_format=BAR_FORMAT)
+        for global_step, seconds in enumerate(step_times):
+            bar.n = global_step + 1
+            bar.refresh()
+            metrics = {"reduced_train_loss": 2.6, "global_step": float(global_step),
+                       "consumed_samples": float((global_step + 1) * global_batch_size),
+                       "train_step_timing in s": seconds}
+            bar.set_postfix(metrics, refresh=False)
+            if validate_every and (global_step + 1) % validate_every == 0:
+                bar.set_postfix({**metrics, "val_loss": 2.8})
+        bar.refresh()
+        bar.close()
+
+
+def test_nemo1_bar_past_step_999_keeps_every_step(tmp_path, capsys):
+    # 1000 prints as 1e+3, 1995-2005 all as 2e+3; the same time every 7 steps; validation every 500
+    times = [1.0 + (s % 7) / 100 for s in range(2600)]
+    log = tmp_path / "slurm-77.out"
+    megatron_bar_log(log, times, 128, validate_every=500)
+    text = log.read_text()
+    assert "global_step=1e+3" in text and "global_step=2e+3" in text and "consumed_samples=1.28e+5" in text
+    code, _, err = run_import(capsys, log, "--warmup", "0", "--global-batch-size", "128", out=tmp_path / "out")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "out", "slurm-77")
+    assert summary["timing"]["steps"] == [[s + 1, times[s]] for s in range(2600)]
+    assert summary["batch"]["global_batch_size"] == 128
+
+
+def test_nemo1_bar_that_does_not_fit_the_given_batch_is_refused(tmp_path, capsys):
+    log = tmp_path / "job.out"
+    megatron_bar_log(log, [1.0] * 30, 128)
+    code, _, err = run_import(capsys, log, "--global-batch-size", "256", out=tmp_path / "out")
+    assert code == 2 and "--global-batch-size 256 but the log says 128" in error_line(err, "job.out")
+
+
+def test_two_runs_in_one_log_are_refused(tmp_path, capsys):
+    first, second = tmp_path / "a.out", tmp_path / "b.out"
+    megatron_bar_log(first, [1.0] * 20, 8)
+    megatron_bar_log(second, [2.0] * 20, 8)  # the job restarted from scratch into the same file
+    log = tmp_path / "requeued.out"
+    log.write_text(first.read_text() + "\n" + second.read_text())
+    code, _, err = run_import(capsys, log, out=tmp_path / "out")
+    assert code == 2 and "step 1 is printed twice with different values" in error_line(err, "requeued.out")
+
+
+@pytest.mark.slow
+def test_nemo1_bar_of_130000_steps_imports_all_of_them(tmp_path, capsys):
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+    steps, batch = 130_000, 256
+    log = tmp_path / "long.out"
+    with log.open("w") as f:  # MegatronProgressBar's layout, numbers by Lightning's own Tqdm.format_num
+        shown = ""
+        for global_step in range(steps):
+            f.write(f"\rEpoch 0:  50%|█████     | {global_step + 1}/{steps} [12:00<12:00{shown}]")
+            shown = (f", reduced_train_loss=2.600, global_step={Tqdm.format_num(float(global_step))}, "
+                     f"consumed_samples={Tqdm.format_num(float((global_step + 1) * batch))}, "
+                     f"train_step_timing in s={Tqdm.format_num(1.0 + global_step % 5 / 100)}")
+        f.write(f"\rEpoch 0: 100%|██████████| {steps}/{steps} [24:00<00:00{shown}]\n")
+    assert "global_step=1.3e+5" in log.read_text()[-300:]
+    code, _, err = run_import(capsys, log, "--warmup", "0", "--global-batch-size", "256", out=tmp_path / "out")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "out", "long")
+    assert steps_of(summary) == list(range(1, steps + 1)) and summary["timing"]["steps_measured"] == steps
+    assert summary["timing"]["step_time_s"]["mean"] == pytest.approx(statistics.fmean(1.0 + s % 5 / 100
+                                                                                      for s in range(steps)))
+
+
+@pytest.mark.parametrize("text, low, high", [
+    ("2e+3", 1995, 2005), ("1.2e+4", 11950, 12050), ("1.3e+5", 129500, 130500), ("99.00", 99, 99),
+    ("12800.0", 12800, 12800), ("1e+5", 99500, 100500),
+])
+def test_tqdm_rounded_values_read_as_ranges_that_hold_every_value_printed_so(text, low, high):
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+    assert tqdm_range(text) == (low, high)
+    printed_so = [v for v in range(low - 3000, high + 3000) if Tqdm.format_num(float(v)) == text]
+    assert printed_so and all(low <= v <= high for v in printed_so)
+
+
+# ------------------------------------------------------------------------------- global batch
+def test_batch_ramp_within_the_counted_steps_is_refused(tmp_path, capsys):
+    lines = []
+    for iteration in range(1, 31):
+        batch = 32 if iteration <= 10 else 64 if iteration <= 20 else 128
+        line = _real_megatron_line("", 1500.0).replace("561/", f"{iteration}/")
+        lines.append(line.replace("global batch size:    32", f"global batch size: {batch:5d}"))
+    log = tmp_path / "rampup.log"
+    log.write_text("\n".join(lines) + "\n")
+    code, _, err = run_import(capsys, log, out=tmp_path / "out")
+    assert code == 2
+    line = error_line(err, "rampup.log")
+    assert "changes within the counted steps (64 at step 11, 128 at step 21): a batch-size ramp" in line
+    assert "--window 21:" in line
+    code, _, err = run_import(capsys, log, "--window", "21:", out=tmp_path / "out")
+    assert code == 0, err
+    assert summary_of(tmp_path / "out", "rampup")["batch"]["global_batch_size"] == 128
+
+
+def test_a_log_that_states_no_batch_needs_it_given(tmp_path, capsys):
+    log = tmp_path / "bare.log"
+    log.write_text("".join(f" iteration {i:8d}/      50 | elapsed time per iteration (ms): 1500.0 |\n"
+                           for i in range(1, 21)))
+    code, _, err = run_import(capsys, log, out=tmp_path / "out")
+    assert code == 2 and "does not state the global batch size (give --global-batch-size)" in error_line(err, "bare")
+    code, _, err = run_import(capsys, log, "--global-batch-size", "64", out=tmp_path / "out")
+    assert code == 0 and summary_of(tmp_path / "out", "bare")["batch"]["global_batch_size"] == 64
+
+
+# ------------------------------------------------------------------------------- bad step times
+def test_bad_step_times_are_left_out_and_counted(tmp_path, capsys):
+    times = ["1.5", "nan", "1.5", "inf", "0", "-1.5", "1.5", "2.5"]
+    log = tmp_path / "nemo2.log"
+    log.write_text("".join(f"Training epoch 0, iteration {s}/99 | global_batch_size: 8 | global_step: {s} | "
+                           f"train_step_timing in s: {t}\n" for s, t in enumerate(times)))
+    code, _, err = run_import(capsys, log, "--warmup", "0", "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 0, err
+    assert "warning: 4 step time(s) left out, not positive finite numbers: 2 (nan s), 4 (inf s), 5 (0 s), 6 (-1.5 s)" \
+        in err
+    timing = summary_of(tmp_path / "out", "nemo2")["timing"]
+    assert timing["excluded_step_times"] == {"count": 4, "steps": [[2, "nan"], [4, "inf"], [5, "0.0"], [6, "-1.5"]]}
+    assert timing["steps_measured"] == 4 and timing["step_time_s"]["mean"] == pytest.approx(7 / 4)
+
+
+def test_nan_in_a_tqdm_bar_is_counted_not_dropped(tmp_path, capsys):
+    log = tmp_path / "bar.out"
+    megatron_bar_log(log, [1.0, 1.0, math.nan, 1.0, 1.0], 8)
+    assert "train_step_timing in s=nan.0" in log.read_text()
+    code, _, err = run_import(capsys, log, "--warmup", "0", "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 0, err
+    timing = summary_of(tmp_path / "out", "bar")["timing"]
+    assert timing["excluded_step_times"]["count"] == 1 and steps_of({"timing": timing}) == [1, 2, 4, 5]
+
+
+# ------------------------------------------------------------------------------- binary input
+def test_an_image_is_a_clear_error(tmp_path, capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    image = tmp_path / "plot.png"
+    plt.plot([1, 2]), plt.savefig(image), plt.close()
+    code, _, err = run_import(capsys, image, "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 2 and "binary data (NUL bytes), not a text log" in error_line(err, "plot.png")
+
+
+def test_random_bytes_are_a_clear_error(tmp_path, capsys):
+    noise = bytes(b for b in os.urandom(300_000) if b)[:200_000]
+    log = tmp_path / "noise.out"
+    log.write_bytes(noise)
+    code, _, err = run_import(capsys, log, "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 2 and "not UTF-8 text" in error_line(err, "noise.out")
+
+
+def test_a_file_named_like_an_event_file_that_is_not_one(tmp_path, capsys):
+    fake = tmp_path / "events.out.tfevents.1700000000.node01"
+    fake.write_text(MEGATRON_LINE * 5)
+    code, _, err = run_import(capsys, fake, "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 2
+    assert "not a readable TensorBoard event file: record 1's header checksum does not match" in error_line(
+        err, fake.name)
+
+
+def test_an_event_file_cut_short_is_a_clear_error(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path / "tb")
+    for step in range(20):
+        writer.add_scalar("train_step_timing in s", 1.25, step)
+    writer.close()
+    (event,) = (tmp_path / "tb").glob("*tfevents*")
+    event.write_bytes(event.read_bytes()[:-7])
+    code, _, err = run_import(capsys, tmp_path / "tb", "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 2 and "is cut short" in error_line(err, event.name)
+
+
+def test_a_huge_line_without_breaks_is_read_in_bounded_memory(tmp_path, capsys):
+    import tracemalloc
+
+    log = tmp_path / "huge.out"
+    with log.open("w") as f:
+        for _ in range(48):
+            f.write("x" * (1 << 20))  # 48 MiB without a line break, then a real step line
+        f.write("\n" + MEGATRON_LINE)
+    tracemalloc.start()
+    code, _, err = run_import(capsys, log, "--window", "last", out=tmp_path / "out")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert code == 0, err
+    assert peak < 16 << 20  # the file is 48 MiB
+    assert summary_of(tmp_path / "out", "huge")["timing"]["steps"] == [[10, 1.5]]
+
+
+# ------------------------------------------------------------------------------- output names
+def test_inputs_with_the_same_file_name_get_their_own_summaries(tmp_path, capsys):
+    for run, ms in (("a", 1000.0), ("b", 2000.0)):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "slurm.out").write_text(MEGATRON_LINE.replace("1500.0", f"{ms:.1f}"))
+    code, out, err = run_import(capsys, [tmp_path / "a" / "slurm.out", tmp_path / "b" / "slurm.out"],
+                                "--window", "last", out=tmp_path / "out")
+    assert code == 0, err
+    assert summary_of(tmp_path / "out", "a-slurm")["timing"]["steps"] == [[10, 1.0]]
+    assert summary_of(tmp_path / "out", "b-slurm")["timing"]["steps"] == [[10, 2.0]]
+    assert summary_of(tmp_path / "out", "a-slurm")["run"]["name"] == "a-slurm"
+
+
+def test_two_tensorboard_version_dirs_do_not_overwrite_each_other(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    for run, seconds in (("x", 1.0), ("y", 3.0)):
+        writer = SummaryWriter(tmp_path / run / "version_0")
+        for step in range(12):
+            writer.add_scalar("train_step_timing in s", seconds, step)
+        writer.close()
+    code, _, err = run_import(capsys, [tmp_path / "x" / "version_0", tmp_path / "y" / "version_0"],
+                              "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["x-version_0", "y-version_0"]
+    assert summary_of(tmp_path / "out", "y-version_0")["timing"]["step_time_s"]["mean"] == 3.0
+
+
+def test_nothing_is_written_outside_the_output_dir(tmp_path, capsys):
+    inside = tmp_path / "logs" / ".." / "logs"
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "..job.out"
+    log.write_text(MEGATRON_LINE)
+    out = tmp_path / "deep" / "out"
+    code, _, err = run_import(capsys, inside / "..job.out", "--window", "last", out=out)
+    assert code == 0, err
+    assert [p.name for p in out.iterdir()] == ["job"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "logs"]
+    # a link inside --output-dir that points elsewhere is not followed
+    (out / "elsewhere").mkdir(parents=True)
+    (out / "job").rename(tmp_path / "moved")
+    (out / "job").symlink_to(tmp_path / "moved")
+    code, _, err = run_import(capsys, log, "--window", "last", out=out)
+    assert code == 2 and "would be written outside --output-dir" in error_line(err, "job")
+
+
+def test_the_same_input_twice_is_refused(tmp_path, capsys):
+    log = tmp_path / "job.out"
+    log.write_text(MEGATRON_LINE)
+    code, _, err = run_import(capsys, [log, tmp_path / "." / "job.out"], out=tmp_path / "out")
+    assert code == 2 and "given twice" in error_line(err, "job.out")
+
+
+# ------------------------------------------------------------------------------- FLOPs per sample
+def test_flops_per_sample_as_published_needs_no_model(tmp_path, capsys):
+    log = DATA / "megatron_lm_mixtral_issue756.log"
+    code, _, err = run_import(capsys, log, "--window", "last", "--flops-per-sample", "3.94e15", "--model-name",
+                              "llama3.1-70b", "--gpu-name", "NVIDIA H100 80GB HBM3", "--dtype", "fp8",
+                              out=tmp_path, model=())
+    assert code == 0, err
+    summary = summary_of(tmp_path, "megatron_lm_mixtral_issue756")
+    assert summary["model"] == {"name": "llama3.1-70b", "flops_per_sample": 3.94e15, "flops_formula": "user",
+                                "spec": None}
+    assert summary["throughput"]["mfu"] == pytest.approx(128 * 3.94e15 / 5.8299 / 16 / 1979e12)
+    run = load_run(tmp_path / "megatron_lm_mixtral_issue756" / "summary.json")
+    assert run.flops_per_sample == 3.94e15
+
+
+@pytest.mark.parametrize("value", ["0", "-1e15", "nan", "inf"])
+def test_flops_per_sample_must_be_a_positive_finite_number(tmp_path, capsys, value):
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", f"--flops-per-sample={value}",
+                              out=tmp_path, model=())
+    assert code == 2 and "--flops-per-sample" in err and "positive finite number" in err
+
+
+def test_the_model_or_its_flops_must_be_given(tmp_path, capsys):
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", out=tmp_path, model=())
+    assert code == 2 and "--flops-per-sample" in err and "--model" in err
+
+
+# ------------------------------------------------------------------------------- end to end
+def test_errors_from_the_installed_command_are_one_line(tmp_path):
+    image = tmp_path / "events.out.tfevents.1.host"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 64)
+    result = nemo_throughput_cli("import", image, "--label", "x", "--model", "gpt3-126m", "--seq-length", "8",
+                                 "--num-gpus", "8", "--global-batch-size", "8", "--output-dir", tmp_path / "out",
+                                 timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"nemo-throughput import: {image}: not a readable TensorBoard event file")
+
+
+def test_window_takes_a_negative_start_as_its_own_argument(tmp_path, capsys):
+    log = tmp_path / "w.log"
+    log.write_text("".join(MEGATRON_LINE.replace("10/", f"{i}/").replace("1500.0", f"{1000.0 + i:.1f}")
+                           for i in range(1, 31)))
+    code, _, err = run_import(capsys, log, "--window", "-10:", out=tmp_path / "out")
+    assert code == 0, err
+    timing = summary_of(tmp_path / "out", "w")["timing"]
+    assert timing["window"] == "-10:" and timing["step_time_s"]["mean"] == pytest.approx(1.0255)
+
+
+# ------------------------------------------------------------------------------- moved from test_report.py
+NEMO1_LOG = "".join(  # tqdm progress bar as NeMo 1.x prints it into a Slurm .out: \r between refreshes
+    f"Epoch 0: :  {s}%|          | {s + 1}/50 [00:{s:02d}<00:30, reduced_train_loss=10.{s:02d}, global_step={s}.000, "
+    f"consumed_samples={128 * (s + 1)}.0, train_step_timing in s={3.0 + (0.5 if s < 10 else 0.01 * (s % 3)):.3f}]\r"
+    for s in range(50)) + "\n`Trainer.fit` stopped: `max_steps=50` reached.\n"
+NEMO2_LOG = "\n".join(  # NeMo 2's ProgressPrinter
+    f"Training epoch 0, iteration {s}/49 | lr: 0.0003 | global_batch_size: 256 | global_step: {s} | "
+    f"reduced_train_loss: 9.{s:02d} | train_step_timing in s: {2.0 if s < 35 else 2.5} | "
+    f"consumed_samples: {256 * (s + 1)}" for s in range(50)) + "\n"
+MEGATRON_LOG = "\n".join(
+    f" [2026-11-20 10:00:{s % 60:02d}.000000] iteration {s:8d}/{50:8d} | consumed samples: {128 * s:12d} | "
+    f"elapsed time per iteration (ms): {1500.0 + s:.1f} | throughput per GPU (TFLOP/s/GPU): 400.1 | "
+    f"learning rate: 3.000000E-04 | global batch size:   128 | lm loss: 8.000000E+00 | loss scale: 1.0 | "
+    f"grad norm: 1.000 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    for s in range(1, 51)) + "\n"
+
+
+def import_cli(log, *extra, tmp_path):
+    out = tmp_path / "imported"
+    result = nemo_throughput_cli("import", log, "--label", "bare-metal", "--model", "gpt3-126m", "--seq-length",
+                                 "2048", "--num-gpus", "16", "--output-dir", out, *extra, timeout=120)
+    return result, out
+
+
+def test_import_nemo1_progress_bar_log(tmp_path):
+    log = tmp_path / "slurm-1234.out"
+    log.write_text(NEMO1_LOG)
+    result, out = import_cli(log, "--global-batch-size", "128", "--gpu-name", "NVIDIA H100 80GB HBM3",
+                             "--dtype", "bf16", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "slurm-1234" / "summary.json").read_text())
+    timing = summary["timing"]
+    assert summary["run"]["source"] == "import:nemo" and summary["run"]["label"] == "bare-metal"
+    assert [s[0] for s in timing["steps"]] == list(range(1, 51))  # global_step 0..49 -> steps 1..50
+    assert timing["window"] == "11:" and timing["steps_measured"] == 40  # default: after 10 warm-up steps
+    expected = statistics.fmean(3.0 + 0.01 * (s % 3) for s in range(10, 50))
+    assert timing["step_time_s"]["mean"] == pytest.approx(expected)
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(128 * 2048 / expected)
+    assert summary["hardware"]["num_nodes"] == 2 and summary["throughput"]["mfu"] is not None
+    assert summary["model"]["name"] == "gpt3-126m"
+    assert summary["model"]["flops_per_sample"] == model_flops_per_sample(preset("gpt3-126m"))
+
+
+def test_import_nemo2_log_with_the_recipe_window(tmp_path, capsys):
+    log = tmp_path / "nemo2.log"
+    log.write_text(NEMO2_LOG)
+    code, _, err = run_import(capsys, log, "--global-batch-size", "256", "--window", "36:46", out=tmp_path / "imported")
+    assert code == 0, err
+    timing = summary_of(tmp_path / "imported", "nemo2")["timing"]
+    assert timing["window"] == "36:46" and timing["steps_measured"] == 10  # iterations 35-44
+    assert timing["step_time_s"]["mean"] == 2.5
+    # and the report can pick another window from the steps kept in the summary
+    run = load_run(tmp_path / "imported" / "nemo2" / "summary.json", Window.parse("1:11"))
+    assert run.step_time_s == 2.0
+
+
+def test_import_megatron_log_reads_the_global_batch_from_it(tmp_path, capsys):
+    log = tmp_path / "megatron.log"
+    log.write_text(MEGATRON_LOG)
+    code, _, err = run_import(capsys, log, "--window", "last", out=tmp_path / "imported")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "imported", "megatron")
+    assert summary["batch"]["global_batch_size"] == 128
+    assert summary["timing"]["step_time_s"]["mean"] == pytest.approx(1.550)  # iteration 50: 1550 ms
+    code, _, err = run_import(capsys, log, "--global-batch-size", "256", out=tmp_path / "imported")
+    assert code == 2 and "--global-batch-size 256 but the log says 128" in err
+
+
+def test_import_tensorboard_events_written_by_the_real_writer(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path / "tb" / "version_0")
+    for step in range(30):  # as Lightning's TensorBoardLogger logs NeMo's TimingCallback
+        writer.add_scalar("train_step_timing in s", 4.0 if step < 10 else 1.25, step)
+        writer.add_scalar("reduced_train_loss", 10.0 - step / 10, step)
+    writer.close()
+    code, _, err = run_import(capsys, tmp_path / "tb", "--global-batch-size", "64", out=tmp_path / "imported")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "imported", "tb")
+    assert summary["run"]["source"] == "import:tensorboard"
+    assert steps_of(summary) == list(range(1, 31))
+    assert summary["timing"]["step_time_s"]["mean"] == 1.25  # steps 11-30
+
+
+@pytest.mark.parametrize("content, message", [
+    ("just some text\n", "no step lines: neither NeMo's `train_step_timing in s` nor Megatron-LM's"),
+    ("Epoch 0: train_step_timing in s=3.2 without a step number\n", "no global_step, so no step number"),
+])
+def test_import_of_a_log_without_step_lines_names_the_file(tmp_path, capsys, content, message):
+    log = tmp_path / "job.out"
+    log.write_text(content)
+    code, _, err = run_import(capsys, log, "--global-batch-size", "8", out=tmp_path / "imported")
+    assert code == 2 and message in error_line(err, "job.out")
+
+
+def test_import_needs_the_facts_the_log_lacks(tmp_path, capsys):
+    log = tmp_path / "nemo1.out"
+    log.write_text(NEMO1_LOG.replace("consumed_samples", "other"))  # no consumed_samples: no batch in the log
+    code, _, err = run_import(capsys, log, out=tmp_path / "imported")
+    assert code == 2 and "give --global-batch-size" in err
+    code = main(["import", str(log), "--label", "x", "--model", "gpt5", "--seq-length", "8", "--num-gpus", "8",
+                 "--global-batch-size", "8", "--output-dir", str(tmp_path / "imported")])
+    assert code == 2 and "Unknown model preset 'gpt5'" in capsys.readouterr().err
