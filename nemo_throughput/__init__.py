@@ -44,9 +44,21 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class _StderrUntilTheAppConfiguresLogging(logging.StreamHandler):
+    """Prints our records while the root logger has no handlers, and nothing once it has.
+
+    Our records always propagate, so an application that configures logging (before or after
+    importing us) gets each of them once, through its own handlers and format; we never touch
+    the root logger.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
 # Like Lightning: show our INFO lines (one per log interval) when the app configured no logging.
 _log = logging.getLogger(__name__)
-if not logging.getLogger().hasHandlers():
-    _log.addHandler(logging.StreamHandler())
+_log.addHandler(_StderrUntilTheAppConfiguresLogging())
+if not logging.getLogger().handlers:
     _log.setLevel(logging.INFO)
-    _log.propagate = False

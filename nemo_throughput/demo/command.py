@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,17 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     demo.set_defaults(handler=lambda args: run_demo(args.devices, args.steps, args.output_dir, args.overrides))
 
 
+# Overrides the demo writes itself: a second value would silently win over the option (Hydra
+# keeps the last), and the demo would then look for the summary where it is not.
+OPTION_FOR_KEY = {
+    "trainer.devices": "--devices",
+    "trainer.max_steps": "--steps",
+    "exp_manager.exp_dir": "--output-dir",
+    "hydra.run.dir": "--output-dir",
+    "callbacks.throughput.output_dir": "--output-dir",
+}
+
+
 def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[str]) -> int:
     if devices < 1 or steps < 1:
         print("nemo-throughput demo: --devices and --steps must be at least 1", file=sys.stderr)
@@ -35,26 +48,68 @@ def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[
     if output_dir is None:
         output_dir = Path("nemo_throughput_runs") / f"demo-{dt.datetime.now():%Y%m%d-%H%M%S}"
     output_dir = output_dir.resolve()
+    problem = unpassable_part(str(output_dir))
+    if problem:
+        print(f"nemo-throughput demo: the output directory {output_dir} contains {problem}, which cannot be passed "
+              "to Hydra unchanged; choose another --output-dir", file=sys.stderr)
+        return 2
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in OPTION_FOR_KEY:
+            print(f"nemo-throughput demo: the demo sets {key} itself; use {OPTION_FOR_KEY[key]} instead of the "
+                  f"override {override!r}", file=sys.stderr)
+            return 2
     command = [
         sys.executable, "-m", "nemo_throughput.demo.train",
         "+callbacks=throughput",
         f"trainer.devices={devices}",
         f"trainer.max_steps={steps}",
-        f"exp_manager.exp_dir={output_dir}",
-        f"hydra.run.dir={output_dir}",  # Hydra's log files go beside the summary
-        f"callbacks.throughput.output_dir={output_dir / 'throughput'}",
+        f"exp_manager.exp_dir={hydra_quoted(output_dir)}",
+        f"hydra.run.dir={hydra_quoted(output_dir)}",  # the log files go beside the summary
+        f"callbacks.throughput.output_dir={hydra_quoted(output_dir / 'throughput')}",
         *overrides,
     ]
-    print("$", " ".join(command), flush=True)
-    returncode = subprocess.call(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    print("$", shlex.join(command), flush=True)
+    # PYTHONSAFEPATH (Python 3.11+): `python -m` would otherwise import a random.py or hydra.py from
+    # the user's working directory before the real module (every rank inherits it).
+    returncode = subprocess.call(command, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"})
     summary_path = output_dir / "throughput" / "summary.json"
+    log_path = output_dir / "train.log"  # Hydra's job name is the script's; other ranks: train_ddp_process_<rank>.log
     if not summary_path.exists():
         print(f"nemo-throughput demo: training exited with {returncode} and wrote no summary", file=sys.stderr)
+        if log_path.exists():
+            print(f"log: {log_path}", file=sys.stderr)
         return returncode or 1
     print()
     print(headline(read_summary(summary_path)))
     print(f"summary: {summary_path}")
+    print(f"log: {log_path}" + (" (other ranks: train_ddp_process_<rank>.log beside it)" if devices > 1 else ""))
     return returncode
+
+
+def unpassable_part(path: str) -> str | None:
+    """What in `path` the demo cannot hand to Hydra intact, or None.
+
+    OmegaConf would resolve "${...}" as an interpolation, and Lightning re-launches ranks > 0 with
+    `hydra.run.dir="<dir>"`, which a double quote or a trailing backslash breaks.
+    """
+    if "${" in path:
+        return "'${'"
+    if '"' in path:
+        return "a double quote"
+    if path.endswith("\\"):
+        return "a trailing backslash"
+    return None
+
+
+def hydra_quoted(path: Path) -> str:
+    """`path` as a Hydra override value: quoted when it holds more than [\\w/.-], so that spaces, commas,
+    '=' or brackets stay part of it instead of making a list or a sweep."""
+    from hydra.core.override_parser.types import Quote, QuotedString
+
+    if re.fullmatch(r"[\w/.-]+", str(path), flags=re.ASCII):
+        return str(path)
+    return QuotedString(text=str(path), quote=Quote.double).with_quotes()
 
 
 def headline(summary: dict[str, Any]) -> str:

@@ -6,12 +6,26 @@ the callback arrives through ``+callbacks=throughput`` alone.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import hydra
 import pytorch_lightning as pl
 from omegaconf import DictConfig
 from pytorch_lightning.loggers import CSVLogger
 
 from nemo_throughput.demo.gpt import DemoGPT
+
+# `lightning` (the callback's other namespace) adds a console handler to its logger on import.
+# Imported here, before Hydra applies conf/hydra/job_logging/demo.yaml, that config can take the
+# handler over; imported later (by the callback), every Lightning INFO line would print twice.
+with contextlib.suppress(ImportError):
+    import lightning.pytorch  # noqa: F401
+
+# Lightning 2.6 still builds torch.utils._pytree.LeafSpec, which torch 2.13 deprecates, once per
+# rank and run; nothing a demo user can act on. Only that warning, only from that module.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
+                        module=r"(pytorch_lightning|lightning\.pytorch)\.utilities\._pytree")
 
 
 def gradient_accumulation(model_cfg: DictConfig, world_size: int) -> int:
