@@ -13,14 +13,24 @@ tensor operations and running sums, so a log step costs the same at step 100 and
 The global time of a step is the slowest rank's. In synchronous data-parallel training all
 ranks' step periods are equal (the gradient all-reduce lines them up), so the straggler is
 found from the part of the step a rank spends before its first collective (data + forward).
+
+At the end of a run (completed, failed or interrupted) one last exchange takes the steps not yet
+reported. A rank may be gone or stuck by then, so it runs on a process group of its own (gloo,
+CPU, created at set-up), where it cannot pair with anyone else's collective, and it gives up
+after a timeout: the summary then says which steps it lacks.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
+import os
+import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -30,6 +40,26 @@ from nemo_throughput.timing import PHASE_TIMES, StepTimes
 COLUMNS = ("step", *StepTimes.VALUES)  # step number, step_s, then the phases (NaN: not observed)
 _TOTALS = ("step_s", *PHASE_TIMES, "local_s")  # local = data + forward
 _DATA, _FORWARD = COLUMNS.index("data_s"), COLUMNS.index("forward_s")
+
+ENV_FINAL_EXCHANGE_TIMEOUT_S = "NEMO_THROUGHPUT_FINAL_EXCHANGE_TIMEOUT_S"
+DEFAULT_FINAL_EXCHANGE_TIMEOUT_S = 10.0  # well inside Slurm's KillWait and Kubernetes' grace period (30 s)
+
+log = logging.getLogger(__name__)
+
+
+def final_exchange_timeout_s() -> float:
+    """Seconds the final exchange waits for the other ranks ($NEMO_THROUGHPUT_FINAL_EXCHANGE_TIMEOUT_S)."""
+    text = os.environ.get(ENV_FINAL_EXCHANGE_TIMEOUT_S, "").strip()
+    if not text:
+        return DEFAULT_FINAL_EXCHANGE_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{ENV_FINAL_EXCHANGE_TIMEOUT_S}={text!r}: expected a number of seconds greater than 0 "
+                         f"(default {DEFAULT_FINAL_EXCHANGE_TIMEOUT_S:g}); unset it or set e.g. 10.")
+    return seconds
 
 
 def steps_tensor(per_rank: list[list[StepTimes]]) -> torch.Tensor:
@@ -54,16 +84,57 @@ class Gathered:
         return gathered.reshape(gathered.shape[0], gathered.shape[1] // len(COLUMNS), len(COLUMNS))
 
 
+@dataclass
+class FinalSteps:
+    """What the final exchange brought: ``[ranks, steps, COLUMNS]`` of the steps after the ones
+    already absorbed (None when nothing could be exchanged), what is missing, in words, and the
+    ranks that said they were interrupted (a signal) as far as they could be heard."""
+
+    steps: torch.Tensor | None
+    missing: str | None
+    interrupted_ranks: list[int] = field(default_factory=list)
+    sent_through: int | None = None  # last step of this rank's latest all-gather, to log its interval apart
+
+    def intervals(self) -> list[torch.Tensor]:
+        """The steps as the live log would have had them: the last all-gather's, then the rest."""
+        if self.steps is None:
+            return []
+        numbers = self.steps[0, :, 0]
+        if self.sent_through is None:
+            return [self.steps]
+        parts = [self.steps[:, numbers <= self.sent_through], self.steps[:, numbers > self.sent_through]]
+        return [part for part in parts if part.shape[1]]
+
+
 class Exchange:
-    """All-gathers each rank's :class:`StepTimes` over the default process group (if any)."""
+    """All-gathers each rank's :class:`StepTimes` over the default process group (if any).
+
+    Creating one is a collective when distributed (its final-exchange group): every rank must.
+    """
 
     def __init__(self) -> None:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.nccl = self.distributed and dist.get_backend() == "nccl"
+        self.final_timeout_s = final_exchange_timeout_s()
+        # This rank's steps of the last two all-gathers: the final exchange sends them again, so
+        # that it never waits for one started on the default group (whose peers may be gone).
+        self._sent: deque[list[StepTimes]] = deque(maxlen=2)
+        self._final_group = self._new_final_group() if self.distributed else None
+
+    def _new_final_group(self) -> dist.ProcessGroup | None:
+        # Its timeout is the final exchange's: an abandoned collective also ends then, so that it
+        # does not hold up the process's exit.
+        try:
+            return dist.new_group(backend="gloo", timeout=timedelta(seconds=self.final_timeout_s))
+        except (RuntimeError, ValueError) as error:  # gloo unavailable, or its rendezvous failed
+            log.warning("nemo-throughput: no process group for the final exchange (%s); if a run ends before "
+                        "its last interval is exchanged, the summary will say which steps it lacks.", error)
+            return None
 
     def start(self, steps: list[StepTimes]) -> Gathered:
+        self._sent.append(steps)
         payload = steps_tensor([steps]).reshape(-1)
         if not self.distributed:
             return Gathered(lambda: payload.reshape(1, -1))
@@ -96,6 +167,66 @@ class Exchange:
             return host_out
 
         return Gathered(wait)
+
+    def finish(self, pending: list[StepTimes], absorbed_through: int, interrupted: bool = False) -> FinalSteps:
+        """Exchange every step after ``absorbed_through`` that every rank finished: the ones of
+        the last all-gathers and ``pending``; and whether each rank was ``interrupted``. Waits at
+        most ``final_timeout_s`` for the others."""
+        local = [*(s for sent in self._sent for s in sent), *pending]
+        sent_through = self._sent[-1][-1].step if self._sent and self._sent[-1] else None
+        self._sent.clear()
+        final = self._finish(local, absorbed_through, interrupted)
+        final.sent_through = sent_through
+        return final
+
+    def _finish(self, local: list[StepTimes], absorbed_through: int, interrupted: bool) -> FinalSteps:
+        alone = [self.rank] if interrupted else []
+        if not self.distributed:
+            return FinalSteps(steps_tensor([[s for s in local if s.step > absorbed_through]]), None, alone)
+        if self._final_group is None:
+            return FinalSteps(None, f"steps after {absorbed_through}: there was no process group for the final "
+                                    "exchange across ranks (see the warning at set-up)", alone)
+        deadline = time.monotonic() + self.final_timeout_s
+        try:
+            return self._finish_across_ranks(local, absorbed_through, interrupted, deadline)
+        except RuntimeError as error:  # timed out, or a peer closed its connection
+            return FinalSteps(None, f"steps after {absorbed_through}: the final exchange across ranks did not "
+                                    f"complete within {self.final_timeout_s:g} s ({error}); a rank did not take "
+                                    "part (stopped, killed or stuck)", alone)
+
+    def _finish_across_ranks(self, local: list[StepTimes], absorbed_through: int, interrupted: bool,
+                             deadline: float) -> FinalSteps:
+        numbers = [s.step for s in local]
+        consecutive = numbers == list(range(numbers[0], numbers[-1] + 1)) if numbers else True
+        first, last = (numbers[0], numbers[-1]) if numbers else (absorbed_through + 1, absorbed_through)
+        # 1) What each rank holds; every rank then takes the same decision from the same numbers.
+        held = torch.tensor([absorbed_through, first, last, consecutive, interrupted], dtype=torch.float64)
+        ranges = self._gather_final(held, deadline).long()
+        interrupted_ranks = ranges[:, 4].nonzero().flatten().tolist()
+        lowest_absorbed, highest_first = int(ranges[:, 0].min()), int(ranges[:, 1].max())
+        common_last = int(ranges[:, 2].min())  # later steps are not finished on every rank: not global steps
+        if not bool(ranges[:, 3].all()):
+            return FinalSteps(None, f"steps after {absorbed_through}: a rank's remaining steps are not consecutive, "
+                                    "so they cannot be lined up across ranks", interrupted_ranks)
+        common_first = max(lowest_absorbed + 1, highest_first)
+        missing = None
+        if common_first > lowest_absorbed + 1 and absorbed_through < common_first - 1:
+            missing = (f"steps {absorbed_through + 1}-{common_first - 1}: no longer held by every rank for the final "
+                       "exchange")
+        if common_last < common_first:
+            return FinalSteps(None, missing, interrupted_ranks)
+        # 2) The steps every rank finished, from the oldest one some rank has not absorbed.
+        rows = [s for s in local if common_first <= s.step <= common_last]
+        gathered = self._gather_final(steps_tensor([rows]).reshape(-1), deadline)
+        gathered = gathered.reshape(self.world_size, len(rows), len(COLUMNS))
+        return FinalSteps(gathered[:, gathered[0, :, 0] > absorbed_through], missing, interrupted_ranks)
+
+    def _gather_final(self, payload: torch.Tensor, deadline: float) -> torch.Tensor:
+        outputs = [torch.empty_like(payload) for _ in range(self.world_size)]
+        work = dist.all_gather(outputs, payload, group=self._final_group, async_op=True)
+        remaining_s = max(deadline - time.monotonic(), 0.001)
+        work.wait(timeout=timedelta(seconds=remaining_s))  # raises RuntimeError when it runs out
+        return torch.stack(outputs)
 
 
 @dataclass

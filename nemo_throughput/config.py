@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from nemo_throughput.flops import FORMULAS, ModelSpec
-from nemo_throughput.hardware import check_dtype
+from nemo_throughput.hardware import DTYPES, check_dtype
 
 
 @dataclass
@@ -35,6 +37,12 @@ class ThroughputConfig:
     per_step_jsonl: bool = False  # also write steps.jsonl with every step of every rank
 
     def __post_init__(self) -> None:
+        # Every field is checked for its type too: Hydra hands `peak_tflops=abc` over as a string
+        # and `run_label=123` as an int, and a wrong value must stop the run, naming the setting.
+        for name in ("output_dir", "run_name", "run_label", "model_name", "flops_formula", "dtype"):
+            _check_text(name, getattr(self, name))
+        if self.output_dir is not None:
+            self.output_dir = os.fspath(self.output_dir)
         if _not_int(self.log_every_n_steps) or self.log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be an integer >= 1, got {self.log_every_n_steps!r}")
         if _not_int(self.warmup_steps) or self.warmup_steps < 0:
@@ -47,13 +55,12 @@ class ThroughputConfig:
             raise ValueError(f"Unknown flops_formula {self.flops_formula!r}; choose one of {list(FORMULAS)}")
         if self.dtype is not None:
             self.dtype = check_dtype(self.dtype)
-        if self.peak_tflops is not None and not self.peak_tflops > 0:
-            raise ValueError(f"peak_tflops must be a positive number of TFLOPS per GPU, got {self.peak_tflops!r}")
-        if isinstance(self.model_spec, ModelSpec):
-            self.model_spec = self.model_spec.to_dict()
-        if self.model_spec is not None:
-            ModelSpec.check_keys(self.model_spec)
-            self.model_spec = dict(self.model_spec)
+        check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
+        check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
+        if not isinstance(self.per_step_jsonl, bool):
+            raise ValueError(f"per_step_jsonl must be true or false, got {self.per_step_jsonl!r} "
+                             f"({type(self.per_step_jsonl).__name__})")
+        self.model_spec = _checked_model_spec(self.model_spec)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ThroughputConfig:
@@ -68,5 +75,44 @@ class ThroughputConfig:
         return asdict(self)
 
 
+_CHOICES = {"flops_formula": FORMULAS, "dtype": DTYPES}
+
+
 def _not_int(value: Any) -> bool:
     return isinstance(value, bool) or not isinstance(value, int)
+
+
+def check_positive_number(name: str, value: Any, unit: str) -> None:
+    """None, or a positive finite int/float (a bool or a numeric string is a mistake, not a number)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number {unit}, got {value!r} ({type(value).__name__})")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number {unit}, got {value!r}")
+
+
+def _checked_model_spec(value: Any) -> dict[str, Any] | None:
+    """The model_spec setting as a plain dict of ModelSpec fields, each of the right type."""
+    if value is None:
+        return None
+    if isinstance(value, ModelSpec):
+        return value.to_dict()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"model_spec must be a mapping of ModelSpec fields, got {value!r} ({type(value).__name__}); "
+                         "with Hydra: callbacks.throughput.model_spec={num_layers:2,...} or "
+                         "+callbacks.throughput.model_spec.num_layers=2")
+    ModelSpec.check_fields(value)
+    return dict(value)
+
+
+def _check_text(name: str, value: Any) -> None:
+    if value is None or isinstance(value, str) or (name == "output_dir" and isinstance(value, os.PathLike)):
+        return
+    if name in _CHOICES:
+        hint = f"; choose one of {list(_CHOICES[name])}"
+    elif isinstance(value, (int, float)):
+        hint = f"; to give a number as text, quote it on the command line: {name}=\"'{value}'\""
+    else:
+        hint = ""
+    raise ValueError(f"{name} must be a string or null, got {value!r} ({type(value).__name__}){hint}")

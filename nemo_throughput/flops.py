@@ -57,11 +57,13 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
             _require_positive_int(name, getattr(self, name))
-        for name in ("ffn_hidden_size", "num_query_groups", "kv_channels", "num_moe_experts",
-                     "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+        for name in _OPTIONAL_INTS:
             value = getattr(self, name)
             if value is not None:
                 _require_positive_int(name, value)
+        _check_field_type("gated_linear_unit", self.gated_linear_unit)
+        _check_field_type("moe_router_topk", self.moe_router_topk)
+        _check_field_type("moe_layer_freq", self.moe_layer_freq)
         if self.num_attention_heads % self.groups:
             raise ValueError(
                 f"ModelSpec: num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -87,6 +89,15 @@ class ModelSpec:
         unknown = sorted(set(values) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"Unknown model_spec key(s) {unknown}; valid keys: {list(cls.__dataclass_fields__)}")
+
+    @classmethod
+    def check_fields(cls, values: Mapping[str, Any]) -> None:
+        """Check the keys and the type of each value of a possibly partial spec (such as the
+        ``model_spec`` setting), so that a wrong value fails when it is given, naming it."""
+        cls.check_keys(values)
+        for name, value in values.items():
+            if value is not None or name not in _OPTIONAL_INTS:
+                _check_field_type(name, value, prefix="model_spec.")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ModelSpec:
@@ -186,6 +197,29 @@ def model_flops_per_sample(spec: ModelSpec, formula: str = "megatron") -> float:
     return float(s * (per_token_gemm + per_token_attention))
 
 
-def _require_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"ModelSpec: {name} must be a positive integer, got {value!r}.")
+_OPTIONAL_INTS = ("ffn_hidden_size", "num_query_groups", "kv_channels", "num_moe_experts", "moe_ffn_hidden_size",
+                  "moe_shared_expert_intermediate_size")
+
+
+def _check_field_type(name: str, value: Any, prefix: str = "ModelSpec: ") -> None:
+    """One field's value type; bools are never counted as numbers, nor strings as bools."""
+    if name == "gated_linear_unit":
+        if not isinstance(value, bool):
+            raise ValueError(f"{prefix}{name} must be true or false, got {value!r} ({type(value).__name__}).")
+    elif name == "moe_layer_freq":
+        if _is_int(value):
+            _require_positive_int(name, value, prefix)
+        elif isinstance(value, str) or not isinstance(value, Sequence) or not all(_is_int(x) for x in value):
+            raise ValueError(f"{prefix}{name} must be a positive integer or a list of 0/1 per layer, "
+                             f"got {value!r} ({type(value).__name__}).")
+    else:
+        _require_positive_int(name, value, prefix)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_positive_int(name: str, value: Any, prefix: str = "ModelSpec: ") -> None:
+    if not _is_int(value) or value <= 0:
+        raise ValueError(f"{prefix}{name} must be a positive integer, got {value!r}.")

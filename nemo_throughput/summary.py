@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import functools
 import json
 import logging
 import os
-import tempfile
+import secrets
+import socket
 import threading
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_throughput.aggregation import RunStats
-from nemo_throughput.flops import ModelSpec
+from nemo_throughput.config import check_positive_number
+from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.throughput import Workload
 from nemo_throughput.timing import PHASE_TIMES
 
@@ -24,6 +28,9 @@ log = logging.getLogger(__name__)
 SCHEMA = "nemo-throughput/summary/v1"
 STATUSES = ("running", "completed", "failed", "interrupted")
 USER_FLOPS = "user"  # model.flops_formula when flops_per_sample was given, not computed
+STEPS_FILE = "steps.jsonl"
+CLAIM_FILE = ".nemo-throughput-run.json"  # which run owns an output directory
+_MAX_SAME_NAME = 1000  # runs of one name in one output directory: <name>, <name>-2, ...
 
 
 @dataclass
@@ -50,6 +57,25 @@ class RunFacts:
     settings: dict[str, Any] = field(default_factory=dict)
     started_at: str = field(default_factory=lambda: now_iso())
     source: str = "callback"  # or "import:<log format>"
+    run_id: str = field(default_factory=lambda: new_run_id())  # unique per run, also in each steps.jsonl row
+    # {"path": "steps.jsonl", "complete": bool, "error": str | None} when per-step rows are written
+    steps_jsonl: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        """Impossible values are refused here, naming them, whoever builds the facts (callback, import)."""
+        for name in ("name", "model_name"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"run {name} must be a non-empty string, got {getattr(self, name)!r}")
+        if not isinstance(self.label, str):
+            raise ValueError(f"run label must be a string, got {self.label!r} ({type(self.label).__name__})")
+        for name in ("global_batch_size", "seq_length", "num_gpus", "num_nodes"):
+            _require_positive_int(name, getattr(self, name))
+        if self.micro_batch_size is not None:
+            _require_positive_int("micro_batch_size", self.micro_batch_size)
+        if self.flops_formula not in (*FORMULAS, USER_FLOPS):
+            raise ValueError(f"flops_formula must be one of {[*FORMULAS, USER_FLOPS]}, got {self.flops_formula!r}")
+        check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
+        check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
 
     @functools.cached_property
     def spec_dict(self) -> dict[str, Any] | None:
@@ -77,6 +103,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "error": error,
         "run": {
             "name": facts.name,
+            "id": facts.run_id,
             "label": facts.label,
             "source": facts.source,
             "started_at": facts.started_at,
@@ -117,6 +144,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "parallel": facts.parallel,
         "environment": facts.environment,
         "settings": facts.settings,
+        "files": {"steps_jsonl": dict(facts.steps_jsonl) if facts.steps_jsonl else None},
     }
 
 
@@ -125,12 +153,13 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, durable: bool = True) -
 
     Serialises first, then writes a temporary file in the same directory and renames it over
     ``path`` (atomic on POSIX file systems). ``durable`` also fsyncs it before the rename, so
-    that it survives a machine crash, at the cost of a disk flush (about a millisecond).
+    that it survives a machine crash, at the cost of a disk flush (about a millisecond). The
+    file gets the user's umask like any log (a team reads each other's runs).
     """
     path = Path(path)
     text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -139,8 +168,18 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, durable: bool = True) -
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    # Not tempfile.mkstemp: it creates files 0600 whatever the umask; here the kernel applies it.
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 class SummaryFile:
@@ -155,6 +194,7 @@ class SummaryFile:
         self.path = Path(path)
         self._latest: Any = None
         self._closed = False
+        self._failing = False  # the last background write failed
         self._wakeup = threading.Condition()
         self._worker = threading.Thread(target=self._run, name="nemo-throughput-summary", daemon=True)
         self._worker.start()
@@ -181,17 +221,97 @@ class SummaryFile:
             try:
                 write_json_atomic(self.path, content, durable=False)
             except (OSError, ValueError) as error:  # the run goes on; the final write will tell
-                log.warning("nemo-throughput: could not write %s: %s", self.path, error)
+                if not self._failing:  # once, not every interval of a long full-disk spell
+                    log.warning("nemo-throughput: could not write %s: %s; it keeps its last good version, "
+                                "and the next updates will be tried", self.path, error)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.warning("nemo-throughput: %s written again", self.path)
+                self._failing = False
 
 
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
-    """Append one JSON object per line and flush, so a crash loses at most the last interval."""
+    """Append one JSON object per line, all rows or none: a failed write (a full disk) is cut
+    back to where the file ended, so that the file never holds a half line."""
     path = Path(path)
+    data = "".join(json.dumps(row, allow_nan=False) + "\n" for row in rows).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        for row in rows:
-            f.write(json.dumps(row, allow_nan=False) + "\n")
-        f.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        end = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except BaseException:
+            os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)
+
+
+class OutputDirError(OSError):
+    """The output directory cannot be written: raised at set-up, before any training."""
+
+
+def claim_output_dir(directory: str | os.PathLike, run_name: str, run_id: str) -> Path:
+    """The directory this run writes to, made its own; checks on the way that it can be written.
+
+    ``directory`` itself when no other run wrote there, else ``directory/<run name>`` (then
+    ``-2``, ``-3``...): two runs never share a summary or a steps file. Ownership is a small
+    file created exclusively, which is also the write probe (a full disk fails here, not at the
+    end of the run).
+    """
+    requested = Path(directory)
+    try:
+        requested.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _output_dir_error(requested, requested, error) from error
+    for candidate in _candidate_dirs(requested, run_name):
+        try:
+            candidate.mkdir(exist_ok=True)
+            if any((candidate / name).exists() for name in ("summary.json", STEPS_FILE)):
+                continue  # written by another run (or by a version without ownership files)
+            fd = os.open(candidate / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise _output_dir_error(requested, candidate, error) from error
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"run_id": run_id, "name": run_name, "host": socket.gethostname(), "pid": os.getpid(),
+                           "claimed_at": now_iso()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as error:
+            (candidate / CLAIM_FILE).unlink(missing_ok=True)
+            raise _output_dir_error(requested, candidate, error) from error
+        if candidate != requested:
+            log.warning("nemo-throughput: %s holds another run's results; this run writes to %s", requested, candidate)
+        return candidate
+    raise OutputDirError(f"nemo-throughput: {requested} already holds the results of {_MAX_SAME_NAME} runs named "
+                         f"{run_name!r}; "
+                         "set output_dir=... or run_name=... to something new.")
+
+
+def _candidate_dirs(requested: Path, run_name: str) -> Iterator[Path]:
+    yield requested
+    subdirectory = run_name.replace(os.sep, "_")
+    if subdirectory in (".", ".."):  # a name, never a way out of the directory
+        subdirectory = subdirectory.replace(".", "_")
+    yield requested / subdirectory
+    for n in range(2, _MAX_SAME_NAME + 1):
+        yield requested / f"{subdirectory}-{n}"
+
+
+def _output_dir_error(requested: Path, candidate: Path, error: OSError) -> OutputDirError:
+    full = " (the disk is full)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return OutputDirError(
+        error.errno, f"nemo-throughput cannot write to the output directory {candidate}{full}: "
+        f"{error.strerror or error}. Set output_dir=... (callbacks.throughput.output_dir=... with Hydra, or "
+        f"$NEMO_THROUGHPUT_OUTPUT_DIR) to a writable directory with free space."
+        + (f" (asked for {requested})" if candidate != requested else ""))
 
 
 def read_summary(path: str | os.PathLike) -> dict[str, Any]:
@@ -206,8 +326,17 @@ def read_summary(path: str | os.PathLike) -> dict[str, Any]:
     return summary
 
 
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _mean(values: list[float] | None) -> float | None:

@@ -152,17 +152,21 @@ class StepTimer:
     def pending(self) -> int:
         return len(self._pending)
 
-    def collect(self, through_step: int | None = None) -> list[StepTimes]:
+    def collect(self, through_step: int | None = None, wait: bool = True) -> list[StepTimes]:
         """Times of the pending steps up to ``through_step`` (all if None), oldest first.
 
         Waits for a step's end mark only if it has not completed yet; callers pass the
         previous step on log steps so the wait, if any, is for work the GPU is finishing.
+        With ``wait=False`` it stops at the first step not complete (after an error the device
+        may be stuck behind a collective that will never finish).
         """
         collected = []
         while self._pending and (through_step is None or self._pending[0].step <= through_step):
+            if not self.clock.ready(self._pending[0].end):
+                if not wait:
+                    break
+                self.clock.wait(self._pending[0].end)
             open_step = self._pending.popleft()
-            if not self.clock.ready(open_step.end):
-                self.clock.wait(open_step.end)
             collected.append(self._read(open_step))
         return collected
 

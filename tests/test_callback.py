@@ -21,7 +21,7 @@ def fit_demo(tmp_path, quiet_trainer_kwargs, cfg=None, steps=12, accumulate=2, l
     trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=accumulate, callbacks=[callback],
                          logger=logger, **quiet_trainer_kwargs)
     trainer.fit(DemoGPT(cfg))
-    return callback, json.loads((tmp_path / "throughput" / "summary.json").read_text())
+    return callback, json.loads(open(callback.summary_path).read())
 
 
 def test_completed_run_summary_reads_shape_and_batch_from_the_nemo_style_config(tmp_path, quiet_trainer_kwargs):
@@ -223,3 +223,195 @@ def test_reads_a_megatron_core_transformer_config_and_the_data_module(tmp_path, 
         3, 64, 8, 2, 96, True, 8, 64)
     assert summary["batch"]["global_batch_size"] == 4 and summary["batch"]["micro_batch_size"] == 2
     assert summary["parallel"]["tensor"] == 1 and summary["timing"]["steps_measured"] == 3
+
+
+# ---------------------------------------------------------------------- settings of the wrong type or value
+@pytest.mark.parametrize("settings, message", [
+    ({"peak_tflops": "abc"}, r"peak_tflops must be a number .*got 'abc' \(str\)"),
+    ({"peak_tflops": 0}, "peak_tflops must be a positive"),
+    ({"peak_tflops": float("inf")}, "peak_tflops must be a positive number"),
+    ({"peak_tflops": True}, r"peak_tflops must be a number .*got True \(bool\)"),
+    ({"dtype": 123}, r"dtype must be a string .*got 123 \(int\)"),
+    ({"model_spec": 5}, r"model_spec must be a mapping of ModelSpec fields, got 5 \(int\)"),
+    ({"model_spec": {"gated_linear_unit": "no"}}, r"model_spec.gated_linear_unit must be true or false, got 'no'"),
+    ({"model_spec": {"num_layers": "2"}}, r"model_spec.num_layers must be a positive integer, got '2'"),
+    ({"model_spec": {"num_layers": 0}}, r"model_spec.num_layers must be a positive integer, got 0"),
+    ({"run_label": 123}, r"run_label must be a string .*got 123 \(int\)"),
+    ({"run_name": 7}, r"run_name must be a string"),
+    ({"model_name": 1.5}, r"model_name must be a string"),
+    ({"output_dir": 3}, r"output_dir must be a string"),
+    ({"flops_formula": 1}, r"flops_formula must be a string"),
+    ({"per_step_jsonl": "no"}, r"per_step_jsonl must be true or false, got 'no' \(str\)"),
+    ({"per_step_jsonl": 1}, r"per_step_jsonl must be true or false, got 1 \(int\)"),
+    ({"log_every_n_steps": "10"}, "log_every_n_steps must be an integer >= 1, got '10'"),
+    ({"warmup_steps": -1}, "warmup_steps must be an integer >= 0, got -1"),
+    ({"global_batch_size": -4}, "global_batch_size must be a positive integer, got -4"),
+    ({"global_batch_size": 4.0}, "global_batch_size must be a positive integer, got 4.0"),
+    ({"flops_per_sample": 0}, "flops_per_sample must be a positive"),
+    ({"flops_per_sample": "3.94e15"}, r"flops_per_sample must be a number .*got '3.94e15' \(str\)"),
+    ({"flops_per_sample": float("nan")}, "flops_per_sample must be a positive number"),
+])
+def test_settings_of_the_wrong_type_or_impossible_value_fail_naming_the_setting(settings, message):
+    with pytest.raises(ValueError, match=message):
+        ThroughputCallback(**settings)
+
+
+def test_numbers_may_be_given_as_int_or_float_and_paths_as_pathlike(tmp_path):
+    callback = ThroughputCallback(peak_tflops=989, flops_per_sample=3.94e15, output_dir=tmp_path)
+    assert callback.config.peak_tflops == 989 and callback.config.output_dir == str(tmp_path)
+    assert json.dumps(callback.config.to_dict())  # recorded in the summary as is
+
+
+def test_the_hydra_factory_fails_the_trainer_on_settings_the_job_callback_did_not_see(quiet_trainer_kwargs):
+    """A kept setting that is wrong makes Trainer.__init__ fail; it never yields a trainer without the callback."""
+    import pytorch_lightning as pl
+
+    from nemo_throughput.adapters import hydra
+
+    hydra._kept_settings = {"peak_tflops": "abc"}
+    try:
+        with pytest.raises(ValueError, match="peak_tflops"):
+            pl.Trainer(max_steps=2, logger=False, **quiet_trainer_kwargs)
+    finally:
+        hydra._kept_settings = None
+
+
+# ---------------------------------------------------------------------- flops_per_sample given by the user
+def test_flops_per_sample_given_is_used_and_recorded_as_user(tmp_path, quiet_trainer_kwargs):
+    pl, model = plain_lm()
+    callback = ThroughputCallback(flops_per_sample=1.5e6, seq_length=8, micro_batch_size=2, model_name="tiny",
+                                  peak_tflops=0.5, output_dir=str(tmp_path), warmup_steps=1, log_every_n_steps=2)
+    trainer = pl.Trainer(max_steps=4, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
+    trainer.fit(model)  # no model_spec: the shape is not needed when the FLOPs are given
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    model_section, throughput = summary["model"], summary["throughput"]
+    assert model_section == {"name": "tiny", "flops_per_sample": 1.5e6, "flops_formula": "user", "spec": None}
+    mean = summary["timing"]["step_time_s"]["mean"]
+    assert throughput["model_tflops_per_gpu"] == pytest.approx(2 * 1.5e6 / mean / 1e12)
+    assert throughput["mfu"] == pytest.approx(throughput["model_tflops_per_gpu"] / 0.5)
+    assert summary["batch"]["seq_length"] == 8
+
+
+def test_flops_per_sample_given_with_a_known_shape_keeps_the_shape_but_not_its_flops(tmp_path, quiet_trainer_kwargs):
+    _, summary = fit_demo(tmp_path, quiet_trainer_kwargs, steps=3, flops_per_sample=1e9, warmup_steps=1)
+    assert summary["model"]["flops_formula"] == "user" and summary["model"]["flops_per_sample"] == 1e9
+    assert summary["model"]["spec"]["num_layers"] == 1
+
+
+def test_flops_per_sample_still_needs_the_sequence_length_and_a_model_name(tmp_path, quiet_trainer_kwargs):
+    pl, model = plain_lm()
+    trainer = pl.Trainer(max_steps=2, logger=False, **quiet_trainer_kwargs,
+                         callbacks=[ThroughputCallback(flops_per_sample=1e6, micro_batch_size=2, model_name="x")])
+    with pytest.raises(ValueError, match=r"missing \['seq_length'\]"):
+        trainer.fit(model)
+    trainer = pl.Trainer(max_steps=2, logger=False, **quiet_trainer_kwargs,
+                         callbacks=[ThroughputCallback(flops_per_sample=1e6, micro_batch_size=2, seq_length=8)])
+    with pytest.raises(ValueError, match="model_name"):
+        trainer.fit(model)
+
+
+# ---------------------------------------------------------------------- model config readers
+@pytest.mark.parametrize("where, key, value", [
+    ("config", "gated_linear_unit", "no"),  # a string is not a flag, and "no" is truthy
+    ("config", "fp8", "yes"),  # megatron-core: None, "e4m3" or "hybrid"
+    ("cfg", "fp8", "False"),
+])
+def test_model_config_readers_reject_strings_where_flags_are_expected(where, key, value):
+    from types import SimpleNamespace
+
+    from nemo_throughput.adapters.nemo import read_module
+
+    shape = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, key: value}
+    module = SimpleNamespace(**{where: shape if where == "cfg" else SimpleNamespace(**shape)})
+    with pytest.raises(ValueError, match=f"{key}.*{value!r}"):
+        read_module(module)
+
+
+def test_model_config_readers_accept_megatron_fp8_recipes():
+    from types import SimpleNamespace
+
+    from nemo_throughput.adapters.nemo import read_module
+
+    shape = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "gated_linear_unit": True}
+    assert read_module(SimpleNamespace(config=SimpleNamespace(**shape, fp8="hybrid"))).fp8 is True
+    assert read_module(SimpleNamespace(config=SimpleNamespace(**shape, fp8=None))).fp8 is False
+    assert read_module(SimpleNamespace(config=SimpleNamespace(**shape))).spec_fields["gated_linear_unit"] is True
+
+
+# ---------------------------------------------------------------------- output directory: checked early, one run each
+class CountingGPT(DemoGPT):
+    steps_run = 0
+
+    def training_step(self, batch, batch_idx):
+        CountingGPT.steps_run += 1
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_output_directory_that_cannot_be_written_fails_at_set_up_naming_it(tmp_path, quiet_trainer_kwargs):
+    import pytorch_lightning as pl
+
+    (tmp_path / "a-file").write_text("in the way")
+    unwritable = tmp_path / "a-file" / "throughput"
+    CountingGPT.steps_run = 0
+    trainer = pl.Trainer(max_steps=4, callbacks=[ThroughputCallback(output_dir=str(unwritable))], logger=False,
+                         **quiet_trainer_kwargs)
+    with pytest.raises(OSError, match=f"cannot write to the output directory {unwritable}.*output_dir="):
+        trainer.fit(CountingGPT(tiny_gpt_cfg()))
+    assert CountingGPT.steps_run == 0  # before any training
+
+
+def test_two_runs_into_one_output_directory_do_not_mix(tmp_path, quiet_trainer_kwargs):
+    out = tmp_path / "throughput"
+    first, first_summary = fit_demo(tmp_path, quiet_trainer_kwargs, steps=4, warmup_steps=1, per_step_jsonl=True,
+                                    run_name="first")
+    first_steps = (out / "steps.jsonl").read_text()
+    second, _ = fit_demo(tmp_path, quiet_trainer_kwargs, steps=6, warmup_steps=1, per_step_jsonl=True,
+                         run_name="second")
+    # the first run's files are untouched; the second run went to a directory of its own, named after it
+    assert json.loads((out / "summary.json").read_text()) == first_summary
+    assert (out / "steps.jsonl").read_text() == first_steps
+    assert second.output_dir == str(out / "second")
+    second_summary = json.loads((out / "second" / "summary.json").read_text())
+    assert second_summary["run"]["name"] == "second" and second_summary["timing"]["last_step"] == 6
+    # every run has an id; the summary names its steps file and every row carries the id
+    first_id, second_id = first_summary["run"]["id"], second_summary["run"]["id"]
+    assert first_id != second_id and len(first_id) >= 12
+    assert second_summary["files"]["steps_jsonl"] == {"path": "steps.jsonl", "complete": True, "error": None}
+    rows = [json.loads(line) for line in (out / "second" / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7)) and {r["run_id"] for r in rows} == {second_id}
+    # so `report --window` averages each run's own steps, never two runs' together
+    from nemo_throughput.report.runs import Window, load_run
+
+    counted = {load_run(path, Window.parse("2:")).steps_counted for path in out.rglob("summary.json")}
+    assert counted == {3, 5}  # steps 2-4 of the first run, 2-6 of the second
+    # a third run of the same name gets a suffix, never another run's directory
+    third, _ = fit_demo(tmp_path, quiet_trainer_kwargs, steps=2, warmup_steps=1, run_name="second")
+    assert third.output_dir == str(out / "second-2")
+    assert json.loads((out / "second" / "summary.json").read_text())["run"]["id"] == second_id
+
+
+def test_a_summary_left_by_an_older_version_also_counts_as_another_run(tmp_path, quiet_trainer_kwargs):
+    out = tmp_path / "throughput"
+    out.mkdir()
+    (out / "steps.jsonl").write_text('{"step": 1, "warmup": false, "step_time_s": 9.0, "ranks": []}\n')
+    callback, _ = fit_demo(tmp_path, quiet_trainer_kwargs, steps=2, warmup_steps=1, run_name="new")
+    assert callback.output_dir == str(out / "new")
+
+
+@pytest.mark.slow
+def test_an_unwritable_output_directory_stops_every_rank(tmp_path):
+    """Only rank 0 writes; the others learn of its failure at set-up instead of waiting for it forever."""
+    from conftest import run_train_tiny
+
+    (tmp_path / "a-file").write_text("in the way")
+    process = run_train_tiny("--output-dir", tmp_path / "a-file" / "out", "--devices", 2, "--steps", 4)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert output.count(f"cannot write to the output directory {tmp_path / 'a-file' / 'out'}") >= 2, output
+
+
+def test_the_nemo_run_factory_names_a_wrong_setting_before_anything_is_submitted():
+    from nemo_throughput import nemo_callback
+
+    with pytest.raises(ValueError, match=r"peak_tflops must be a number of TFLOPS per GPU, got 'abc' \(str\)"):
+        nemo_callback(peak_tflops="abc")

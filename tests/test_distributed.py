@@ -1,8 +1,17 @@
-"""Two ranks over gloo in a real Lightning DDP run, one of them made slower."""
+"""Two ranks over gloo: a real Lightning DDP run with one rank made slower, and the final
+exchange that must end in bounded time whatever the other ranks do."""
+
+import json
+import os
+import time
 
 import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from conftest import read_json, run_train_tiny
+from conftest import free_port, read_json, run_train_tiny
+from nemo_throughput.aggregation import ENV_FINAL_EXCHANGE_TIMEOUT_S, Exchange, step_times
+from nemo_throughput.timing import StepTimes
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +44,79 @@ def test_a_slow_rank_is_named_and_the_global_step_time_follows_it(tmp_path):
     assert "slowest rank 1" in output
 
     # steps.jsonl: both ranks' phases for every step; the global time is the larger of the two
-    import json
     steps = [json.loads(line) for line in open(tmp_path / "steps.jsonl")]
     assert [s["step"] for s in steps] == list(range(1, 17))
     for s in steps:
         assert len(s["ranks"]) == 2
         assert s["step_time_s"] == max(r["step_s"] for r in s["ranks"])
+
+
+# ----------------------------------------------------------------------------- the final exchange
+ABSENT_S = 60  # how long an absent rank stays alive without taking part
+
+
+def made_steps(first, last, rank):
+    return [StepTimes(n, 1.0 + rank + n / 100, 0.1, 0.2, 0.3, 0.4) for n in range(first, last + 1)]
+
+
+def _final_exchange_worker(rank, port, scenario, results):
+    os.environ[ENV_FINAL_EXCHANGE_TIMEOUT_S] = "2"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    exchange = Exchange()
+    exchange.start(made_steps(1, 2, rank)).wait()  # absorbed by both ranks
+    exchange.start(made_steps(3, 4, rank))  # in flight: never waited for (a rank may be gone)
+    # Rank 1 finished one step more; with "skewed" it also absorbed steps 3-4 (rank 0 had not yet).
+    pending, absorbed_through = (made_steps(5, 5, rank), 2) if rank == 0 else (made_steps(5, 6, rank), 2)
+    if scenario == "skewed" and rank == 1:
+        absorbed_through = 4
+    if scenario == "absent" and rank == 1:
+        time.sleep(ABSENT_S)  # alive but never reaching the final exchange (hung elsewhere)
+        return
+    started = time.monotonic()
+    final = exchange.finish(pending, absorbed_through)
+    results[rank] = {
+        "seconds": time.monotonic() - started,
+        "missing": final.missing,
+        "steps": None if final.steps is None else [step_times(final.steps, r) for r in range(2)],
+    }
+
+
+def run_final_exchange(scenario):
+    results = mp.Manager().dict()
+    context = mp.start_processes(_final_exchange_worker, args=(free_port(), scenario, results), nprocs=2,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while 0 not in results and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for process in context.processes:
+        process.kill() if scenario == "absent" else process.join(60)
+    return dict(results)
+
+
+def test_the_final_exchange_takes_every_step_all_ranks_finished_including_the_one_in_flight():
+    results = run_final_exchange("complete")
+    for rank in (0, 1):
+        assert results[rank]["missing"] is None
+        assert results[rank]["steps"] == [made_steps(3, 5, 0), made_steps(3, 5, 1)]  # step 6: not finished by rank 0
+
+
+def test_the_final_exchange_sends_again_what_a_lagging_rank_did_not_absorb():
+    results = run_final_exchange("skewed")
+    assert results[0]["steps"] == [made_steps(3, 5, 0), made_steps(3, 5, 1)]
+    assert results[1]["steps"] == [made_steps(5, 5, 0), made_steps(5, 5, 1)]  # it had 3-4 already
+    assert results[0]["missing"] is results[1]["missing"] is None
+
+
+def test_the_final_exchange_gives_up_after_its_timeout_and_says_what_is_missing():
+    results = run_final_exchange("absent")
+    assert 1 not in results
+    assert results[0]["steps"] is None
+    assert results[0]["seconds"] < ABSENT_S  # it did not wait for the absent rank
+    assert results[0]["missing"].startswith("steps after 2:")
+    assert "2 s" in results[0]["missing"]
+
+
+def test_a_final_exchange_timeout_that_is_not_a_positive_number_is_refused(monkeypatch):
+    monkeypatch.setenv(ENV_FINAL_EXCHANGE_TIMEOUT_S, "ten")
+    with pytest.raises(ValueError, match=f"{ENV_FINAL_EXCHANGE_TIMEOUT_S}='ten'.*seconds"):
+        Exchange()

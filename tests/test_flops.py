@@ -120,3 +120,24 @@ def test_default_name_from_parameter_count():
                           vocab_size=50304)
     assert gpt3_126m.default_name() == "gpt-124m"  # 85M in the layers + 39M tied embedding
     assert LLAMA31_70B.default_name() == "gpt-69.5b"
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"gated_linear_unit": "no"}, r"gated_linear_unit must be true or false, got 'no'"),
+    ({"gated_linear_unit": 1}, r"gated_linear_unit must be true or false, got 1"),
+    ({"num_layers": 2.0}, r"num_layers must be a positive integer, got 2.0"),
+    ({"moe_router_topk": "2"}, r"moe_router_topk must be a positive integer, got '2'"),
+    ({"moe_layer_freq": "1"}, r"moe_layer_freq must be a positive integer or a list"),
+])
+def test_model_spec_rejects_values_of_the_wrong_type(changes, message):
+    shape = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, vocab_size=256)
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(**(shape | changes))
+
+
+def test_check_fields_validates_a_partial_spec():
+    ModelSpec.check_fields({"vocab_size": 64, "gated_linear_unit": True, "moe_layer_freq": [0, 1]})
+    with pytest.raises(ValueError, match="model_spec.gated_linear_unit must be true or false, got 'no'"):
+        ModelSpec.check_fields({"gated_linear_unit": "no"})
+    with pytest.raises(ValueError, match=r"Unknown model_spec key\(s\) \['layers'\]"):
+        ModelSpec.check_fields({"layers": 2})

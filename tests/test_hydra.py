@@ -123,3 +123,32 @@ def test_the_built_wheel_works_on_its_own(tmp_path):
                                         "callbacks.throughput.warmup_steps=1"), python=python, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, message", [
+    ("callbacks.throughput.peak_tflops=abc", "peak_tflops must be a number"),
+    ("callbacks.throughput.dtype=123", "dtype must be a string"),
+    ("callbacks.throughput.model_spec=5", "model_spec must be a mapping"),
+    ("callbacks.throughput.run_label=123", "run_label must be a string"),
+    ("callbacks.throughput.per_step_jsonl=no", "per_step_jsonl must be true or false"),
+    ("callbacks.throughput.peak_tflops=-1", "peak_tflops must be a positive"),
+])
+def test_a_wrong_setting_on_the_command_line_stops_the_job_before_training(tmp_path, override, message):
+    """Hydra turns exceptions of job callbacks into warnings: the job must still fail, not train unmeasured."""
+    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput", override))
+    assert result.returncode != 0, result.stderr
+    assert f"nemo-throughput: {message}" in result.stderr
+    assert "raised" not in result.stderr  # not a warning from Hydra's callback runner
+    assert "GPU available" not in result.stderr  # no Trainer was built
+    assert not list(tmp_path.rglob("summary.json"))
+
+
+def test_the_job_callback_stops_the_job_on_any_bad_setting():
+    from nemo_throughput.adapters.hydra import KeepThroughputConfig
+
+    for bad in ("callbacks.throughput.peak_tflops=abc", "callbacks.throughput.model_spec=5",
+                "+callbacks.throughput.model_spec.num_layers=two"):
+        cfg = compose_callbacks("+callbacks=throughput", bad)
+        with pytest.raises(SystemExit, match="nemo-throughput: .*(peak_tflops|model_spec)"):
+            KeepThroughputConfig().on_job_start(config=cfg)

@@ -2,13 +2,16 @@
 SIGINT; the summary on disk is valid JSON at every moment."""
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from conftest import read_json, run_train_tiny
+from conftest import TRAIN_TINY, free_port, read_json, run_train_tiny
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +69,90 @@ def test_a_signal_marks_the_run_interrupted_and_keeps_its_measurements(tmp_path,
     assert summary["timing"]["step_time_s"]["min"] >= 0.02
     assert reader.reads > 0 and reader.torn == []
     assert list(tmp_path.glob(".summary.json.*")) == []  # no temporary file left behind
+
+
+KILL_WAIT_S = 20  # Slurm sends SIGKILL this long after SIGTERM (KillWait, 30 s by default)
+COLLECTIVE_TIMEOUT_S = 5  # the setting the README recommends, shortened
+
+
+def launch_ranks(out, *args, world_size=2):
+    """One process per rank, as srun and torchrun start them (Lightning then launches none)."""
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "WORLD_SIZE": str(world_size), "NODE_RANK": "0", "LOCAL_RANK": str(rank),
+               "NEMO_THROUGHPUT_FINAL_EXCHANGE_TIMEOUT_S": "3"}
+        command = [sys.executable, str(TRAIN_TINY), "--output-dir", out, "--devices", world_size,
+                   "--steps", 100000, "--log-every", 1, "--warmup", 1, "--step-sleep-s", 0.02, *args]
+        procs.append(subprocess.Popen(list(map(str, command)), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def launch_with_lightning(out, *args):
+    """Lightning's own launcher: rank 0 starts rank 1 as its child, and forwards SIGTERM to it."""
+    return [run_train_tiny("--output-dir", out, "--devices", 2, "--steps", 100000, "--log-every", 1, "--warmup", 1,
+                           "--step-sleep-s", 0.02, *args, start_new_session=True)]
+
+
+def sigterm_then_sigkill(procs, targets):
+    """SIGTERM to the target ranks ("group": rank 0's process group); like Slurm, SIGKILL to all
+    KILL_WAIT_S later. Returns how it ended."""
+    if targets == "group":
+        os.killpg(procs[0].pid, signal.SIGTERM)
+    for rank in [] if targets == "group" else targets:
+        procs[rank].send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + KILL_WAIT_S
+    ended = "exited"
+    for proc in procs:
+        try:
+            proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            ended = "killed"
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL) if targets == "group" else proc.kill()
+            proc.communicate()
+    return ended
+
+
+@pytest.mark.parametrize("case, launch, targets, tries, args", [
+    ("every rank (Slurm's time limit, torchrun)", launch_ranks, [0, 1], 5, []),
+    ("rank 1 only, with a collective timeout", launch_ranks, [1], 5,
+     ["--process-group-timeout-s", COLLECTIVE_TIMEOUT_S]),
+    ("rank 1 only: Lightning hangs", launch_ranks, [1], 2, []),
+    ("rank 0 under Lightning's launcher (it forwards to rank 1)", launch_with_lightning, [0], 5, []),
+    ("both under Lightning's launcher: rank 1 gets it twice, Lightning hangs", launch_with_lightning, "group", 2, []),
+])
+def test_sigterm_on_two_ranks_leaves_an_interrupted_summary_every_time(tmp_path, case, launch, targets, tries, args):
+    """Lightning 2.6 broadcasts from inside its SIGTERM handler, which hangs a run whose ranks are
+    not all signalled once (whatever the callbacks); the summary must say `interrupted` anyway."""
+    endings = []
+    for attempt in range(tries):
+        out = tmp_path / f"try{attempt}"
+        procs = launch(out, *args)
+        try:
+            wait_for_measured_steps(out / "summary.json", procs[0])
+            endings.append(sigterm_then_sigkill(procs, targets))
+        finally:
+            for proc in procs:
+                proc.kill()
+        found = {path.name: read_json(path) for path in out.glob("summary*.json")}
+        statuses = {name: summary["status"] for name, summary in found.items()}
+        where = f"try {attempt} ({endings[-1]}): {statuses}"
+        # Rank 0's summary says interrupted, or else rank 1 left its own saying so.
+        written = found["summary.json"] if statuses["summary.json"] == "interrupted" else found["summary.rank1.json"]
+        assert written["status"] == "interrupted", where
+        assert written["timing"]["steps_measured"] > 0, where
+        end = written["end"]
+        assert end["all_steps_exchanged"] == (end["missing"] is None), where
+        if targets == "group" or 0 in targets:
+            assert statuses["summary.json"] == "interrupted", where
+        assert statuses["summary.json"] in ("running", "interrupted"), where  # never completed or failed
+        if end["all_steps_exchanged"] and endings[-1] == "exited":
+            assert statuses == {"summary.json": "interrupted"}, where  # rank 0 had all rank 1 knew
+    print(f"SIGTERM to {case}: {endings}")
 
 
 def test_an_exception_marks_the_run_failed_with_the_error(tmp_path):

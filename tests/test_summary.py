@@ -1,12 +1,17 @@
-"""The summary writer never leaves a half-written file; the reader checks the schema."""
+"""The summary writer never leaves a half-written file, not even on a full disk (a real tmpfs); the
+reader checks the schema; run facts refuse impossible values."""
 
+import errno
 import json
 import os
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from nemo_throughput.summary import SCHEMA, SummaryFile, append_jsonl, read_summary, write_json_atomic
+from nemo_throughput.flops import ModelSpec
+from nemo_throughput.summary import SCHEMA, RunFacts, SummaryFile, append_jsonl, read_summary, write_json_atomic
 
 
 def test_atomic_write_replaces_the_whole_file(tmp_path):
@@ -73,3 +78,156 @@ def test_summary_file_writes_in_the_background_and_flushes_the_final_content(tmp
         assert "could not write" in caplog.text
         with pytest.raises(OSError):  # the final write reports it to the caller
             blocked.close({"schema": SCHEMA})
+
+
+# ------------------------------------------------------------------ files a team can read, full disks
+
+
+def test_files_are_written_with_the_users_umask_like_any_log(tmp_path):
+    old = os.umask(0o027)
+    try:
+        write_json_atomic(tmp_path / "summary.json", {"schema": SCHEMA})
+        append_jsonl(tmp_path / "steps.jsonl", [{"step": 1}])
+    finally:
+        os.umask(old)
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "steps.jsonl").stat().st_mode & 0o777 == 0o640
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A real 64 KiB file system (tmpfs), to fill up; skipped where mounting is not allowed."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def fill_up(directory: Path) -> None:
+    """Write a filler file until the file system has no byte left."""
+    with open(directory / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError as error:
+            assert error.errno == errno.ENOSPC
+        try:
+            while True:
+                f.write(b"x")
+        except OSError as error:
+            assert error.errno == errno.ENOSPC
+
+
+def test_on_a_full_disk_the_summary_keeps_its_last_good_version(tiny_filesystem):
+    path = tiny_filesystem / "summary.json"
+    write_json_atomic(path, {"schema": SCHEMA, "n": 1})
+    fill_up(tiny_filesystem)
+    with pytest.raises(OSError) as raised:
+        write_json_atomic(path, {"schema": SCHEMA, "n": 2, "padding": "y" * 10_000})
+    assert raised.value.errno == errno.ENOSPC
+    assert read_summary(path)["n"] == 1
+    assert sorted(os.listdir(tiny_filesystem)) == ["filler", "summary.json"]
+
+
+def test_on_a_full_disk_steps_jsonl_never_keeps_a_half_line(tiny_filesystem):
+    path = tiny_filesystem / "steps.jsonl"
+    append_jsonl(path, [{"step": 1}, {"step": 2}])
+    fill_up(tiny_filesystem)
+    filler = tiny_filesystem / "filler"
+    os.truncate(filler, filler.stat().st_size - 4096)  # room for part of the next interval
+    with pytest.raises(OSError) as raised:
+        append_jsonl(path, [{"step": n, "padding": "z" * 500} for n in range(3, 30)])
+    assert raised.value.errno == errno.ENOSPC
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'  # the interval is all in or all out
+
+
+def facts(**changes):
+    spec = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, vocab_size=256)
+    values = dict(name="run", label="bare-metal", global_batch_size=8, micro_batch_size=1, seq_length=128,
+                  model_name="gpt", model_spec=spec, flops_formula="megatron", flops_per_sample=1e9,
+                  gpu_name="cpu", num_gpus=8, num_nodes=1, dtype="bf16", peak_tflops=989.5, peak_source="user")
+    return RunFacts(**(values | changes))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_gpus": 0}, "num_gpus must be a positive integer, got 0"),
+    ({"num_nodes": 0}, "num_nodes must be a positive integer, got 0"),
+    ({"global_batch_size": 0}, "global_batch_size must be a positive integer, got 0"),
+    ({"global_batch_size": -128}, "global_batch_size must be a positive integer, got -128"),
+    ({"micro_batch_size": 0}, "micro_batch_size must be a positive integer, got 0"),
+    ({"seq_length": 0}, "seq_length must be a positive integer, got 0"),
+    ({"peak_tflops": 0}, "peak_tflops must be a positive number"),
+    ({"peak_tflops": -989.5}, "peak_tflops must be a positive number"),
+    ({"flops_per_sample": 0.0}, "flops_per_sample must be a positive number"),
+    ({"flops_per_sample": float("inf")}, "flops_per_sample must be a positive number"),
+    ({"label": 123}, r"label must be a string, got 123 \(int\)"),
+    ({"name": ""}, "name must be a non-empty string"),
+    ({"flops_formula": "palm"}, "flops_formula"),
+])
+def test_run_facts_reject_impossible_values_naming_them(changes, message):
+    with pytest.raises(ValueError, match=message):
+        facts(**changes)
+
+
+def test_a_full_disk_at_set_up_stops_the_run_before_training(tiny_filesystem, quiet_trainer_kwargs):
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    fill_up(tiny_filesystem)
+    trainer = pl.Trainer(max_steps=4, callbacks=[ThroughputCallback(output_dir=str(tiny_filesystem / "run"))],
+                         logger=False, **quiet_trainer_kwargs)
+    with pytest.raises(OSError, match=f"cannot write to the output directory {tiny_filesystem / 'run'}.*No space"):
+        trainer.fit(DemoGPT(tiny_gpt_cfg()))
+    assert trainer.global_step == 0
+
+
+def wait_for_measured_steps(path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if read_summary(path)["timing"]["steps_measured"]:
+                return
+        except ValueError:
+            pass  # not written yet
+        time.sleep(0.01)
+    raise AssertionError(f"{path} has no measured step after 60 s")
+
+
+def test_a_disk_that_fills_up_mid_run_leaves_the_last_good_summary_and_whole_lines(tiny_filesystem,
+                                                                                   quiet_trainer_kwargs):
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    class FillsTheDiskAtStep8(DemoGPT):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.global_step == 7 and not (tiny_filesystem / "filler").exists():
+                wait_for_measured_steps(out / "summary.json")  # the background writer's summary of step 6
+                fill_up(tiny_filesystem)
+            return super().training_step(batch, batch_idx)
+
+    # 32 steps of rows after the disk is full: more than the slack of the file's last page
+    out = tiny_filesystem / "run"
+    callback = ThroughputCallback(output_dir=str(out), log_every_n_steps=2, warmup_steps=1, per_step_jsonl=True)
+    trainer = pl.Trainer(max_steps=40, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
+    try:
+        trainer.fit(FillsTheDiskAtStep8(tiny_gpt_cfg(global_batch_size=2)))
+    except OSError as error:  # the final summary cannot be written either: the run may fail for it
+        assert error.errno == errno.ENOSPC
+    assert trainer.global_step == 40  # a full disk did not stop the training
+    summary = read_summary(out / "summary.json")  # whole, readable
+    assert summary["status"] == "running" and 1 <= summary["timing"]["steps_measured"] < 39
+    rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]  # no half line
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) < 40
+    assert (out / "steps.jsonl").read_text().endswith("\n")

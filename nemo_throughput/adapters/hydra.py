@@ -30,12 +30,15 @@ class KeepThroughputConfig(Callback):
         if section is None:
             raise SystemExit("nemo-throughput's Hydra callback is registered but `callbacks.throughput` is "
                              "missing from the config; add `+callbacks=throughput` to the command line.")
-        settings = OmegaConf.to_container(section, resolve=True)
+        # Hydra turns exceptions of job callbacks into warnings (Callbacks._notify catches
+        # Exception) and the job trains on without the callback. A wrong setting must stop the
+        # job now, before a model is built: SystemExit is not an Exception, so it gets through.
         try:
+            settings = OmegaConf.to_container(section, resolve=True)
+            if not isinstance(settings, dict):
+                raise ValueError(f"callbacks.throughput must be a group of settings, got {settings!r}")
             ThroughputConfig.from_mapping(settings)
-        except ValueError as error:
-            # Hydra turns exceptions from job callbacks into warnings; a bad key must stop the
-            # job now, before a model is built, so leave through SystemExit.
+        except Exception as error:  # noqa: BLE001 - whatever it is, it must not become a warning
             raise SystemExit(f"nemo-throughput: {error}") from error
         _kept_settings = settings
 

@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -24,11 +25,22 @@ import torch.distributed as dist
 
 from nemo_throughput import environment
 from nemo_throughput.adapters.nemo import read_module
-from nemo_throughput.aggregation import Exchange, Gathered, Interval, RunStats, step_times
+from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, Interval, RunStats, step_times
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import device_name, dtype_for_precision, identify, peak_tflops
-from nemo_throughput.summary import RunFacts, SummaryFile, append_jsonl, build_summary
+from nemo_throughput.signals import SigtermWatch
+from nemo_throughput.summary import (
+    STEPS_FILE,
+    USER_FLOPS,
+    OutputDirError,
+    RunFacts,
+    SummaryFile,
+    append_jsonl,
+    build_summary,
+    claim_output_dir,
+    write_json_atomic,
+)
 from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, StepTimes, clock_for
 
 log = logging.getLogger(__name__)
@@ -65,10 +77,20 @@ class ThroughputCallback(*_callback_bases()):
         self._last_step = 0
         self._rank = 0
         self._done = False
+        # End of run: SIGTERM watch, the last consistent summary, and a lock (made at training
+        # start: a callback may be pickled before, as by ddp_spawn) between the two writers.
+        self._sigterm: SigtermWatch | None = None
+        self._snapshot: tuple[int, dict[str, Any]] | None = None
+        self._write_lock: threading.Lock | None = None
 
     @property
     def summary_path(self) -> str | None:
         return os.path.join(self.output_dir, "summary.json") if self.output_dir else None
+
+    @property
+    def rank_summary_path(self) -> str | None:
+        """Where a rank other than 0 leaves what it knew when rank 0 may lack some of it."""
+        return os.path.join(self.output_dir, f"summary.rank{self._rank}.json") if self.output_dir else None
 
     # ----------------------------------------------------------------------- set-up
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -76,9 +98,14 @@ class ThroughputCallback(*_callback_bases()):
             return
         self._rank = trainer.global_rank
         with _warnings_on_rank_zero(self._rank):
-            self.facts = describe_run(self.config, trainer, pl_module)
-        self.output_dir = (self.config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR)
-                           or os.path.join(trainer.log_dir or os.getcwd(), "throughput"))
+            facts = describe_run(self.config, trainer, pl_module)
+        requested = (self.config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR)
+                     or os.path.join(trainer.log_dir or os.getcwd(), "throughput"))
+        # Checked now, not when the summary is first written at the end of hours of training.
+        self.output_dir, facts.run_id = _claim_output_dir_on_rank_zero(self._rank, requested, facts)
+        if self.config.per_step_jsonl:
+            facts.steps_jsonl = {"path": STEPS_FILE, "complete": True, "error": None}
+        self.facts = facts
         self._exchange = Exchange()
 
     def _deduplicate(self, trainer: Any) -> bool:
@@ -139,29 +166,59 @@ class ThroughputCallback(*_callback_bases()):
             self._timer.anchor()  # validation time is not part of the next training step
 
     # ----------------------------------------------------------------------- end of run
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning installs its SIGTERM handler after on_fit_start; this is the first hook after.
+        if self._timer is None or self._sigterm is not None:
+            return
+        self._write_lock = threading.Lock()
+        self._sigterm = SigtermWatch(self._write_at_sigterm)
+        self._sigterm.install()
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self._timer is None:
             return
-        self._flush(trainer)
-        self._finish("completed")
+        self._finish("completed", None, self._flush(trainer, wait_for_device=True).missing)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self._timer is None or self._done:
             return
-        # With several ranks a collective now could hang on a rank that is gone: keep what was
-        # exchanged, losing at most the last two intervals. Alone, there is nobody to wait for.
-        if self._exchange.world_size == 1:
-            self._flush(trainer)
-        interrupted = isinstance(exception, (KeyboardInterrupt, SystemExit))
-        self._finish("interrupted" if interrupted else "failed", f"{type(exception).__name__}: {exception}")
+        sigterm = self._sigterm is not None and self._sigterm.received
+        interrupted = sigterm or isinstance(exception, (KeyboardInterrupt, SystemExit))
+        status = "interrupted" if interrupted else "failed"
+        error = f"{type(exception).__name__}: {exception}"
+        if sigterm and not isinstance(exception, SystemExit):  # Lightning's SIGTERMException is one
+            error += " (after SIGTERM)"
+        several_ranks = self._exchange.world_size > 1
+        if several_ranks:
+            # What this rank knows goes to disk before any collective: another rank may be gone,
+            # and SIGKILL follows SIGTERM within seconds.
+            self._write_now(self._with_end(build_summary(self.facts, self.stats, status, error),
+                                           f"steps after {self._absorbed_through()}: written before the final "
+                                           "exchange across ranks"))
+        # Several ranks: the device may be stuck behind a collective; read only finished steps.
+        final = self._flush(trainer, wait_for_device=not several_ranks, interrupted=interrupted)
+        others = [rank for rank in final.interrupted_ranks if rank != self._rank]
+        if others and not interrupted:  # this rank failed because another one was stopped
+            status, error = "interrupted", f"{error} (after {_ranks_text(others)} had been interrupted)"
+        self._finish(status, error, final.missing)
 
     # ----------------------------------------------------------------------- reporting
-    def _flush(self, trainer: Any) -> None:
-        """Finish the exchange in flight and exchange every step not yet reported (blocking)."""
-        finished, self._in_flight = self._in_flight, None
-        if finished is not None:
-            self._absorb(trainer, finished.wait())
-        self._absorb(trainer, self._exchange.start(self._timer.collect()).wait())
+    def _flush(self, trainer: Any, wait_for_device: bool, interrupted: bool = False) -> FinalSteps:
+        """Exchange and absorb every step not yet absorbed, the interval in flight included,
+        waiting for the other ranks at most the final-exchange timeout."""
+        # The in-flight all-gather (default group) is never waited for: a peer may be gone. Its
+        # steps go again over the final exchange.
+        self._in_flight = None
+        pending = self._timer.collect(wait=wait_for_device)
+        final = self._exchange.finish(pending, self._absorbed_through(), interrupted)
+        for interval in final.intervals():
+            self._absorb(trainer, interval)
+        if final.missing is not None:
+            log.warning("nemo-throughput: the summary lacks %s.", final.missing)
+        return final
+
+    def _absorbed_through(self) -> int:
+        return self.stats.last_step if self.stats.last_step is not None else self.stats.start_step
 
     def _absorb(self, trainer: Any, steps: torch.Tensor) -> None:
         interval = self.stats.add(steps)
@@ -174,25 +231,87 @@ class ThroughputCallback(*_callback_bases()):
         logged["throughput/slowest_rank"] = interval.slowest_rank
         for logger in trainer.loggers:
             logger.log_metrics(logged, step=interval.last_step)
-        if self.config.per_step_jsonl:
-            append_jsonl(os.path.join(self.output_dir, "steps.jsonl"), step_rows(steps, self.stats))
+        if self.facts.steps_jsonl and self.facts.steps_jsonl["complete"]:
+            self._append_steps(steps)
 
-    def _finish(self, status: str, error: str | None = None) -> None:
-        self._done = True
-        if self._rank == 0:
-            self._summary_file.close(build_summary(self.facts, self.stats, status, error))
-            log.info("nemo-throughput: %s run summary written to %s", status, self.summary_path)
+    def _append_steps(self, steps: torch.Tensor) -> None:
+        """One interval's rows, all or none; after a failure (a full disk) the file stops, marked
+        incomplete in the summary, and training goes on."""
+        path = os.path.join(self.output_dir, STEPS_FILE)
+        try:
+            append_jsonl(path, step_rows(steps, self.stats, self.facts.run_id))
+        except OSError as error:
+            self.facts.steps_jsonl.update(complete=False, error=f"{type(error).__name__}: {error}")
+            log.error("nemo-throughput: could not append to %s (%s); it stops here and the summary marks it "
+                      "incomplete. Training goes on.", path, error)
+
+    def _finish(self, status: str, error: str | None, missing: str | None) -> None:
+        """The final summary (rank 0); other ranks keep theirs only while rank 0 may lack their steps."""
+        summary = self._with_end(build_summary(self.facts, self.stats, status, error), missing)
+        with self._write_lock or contextlib.nullcontext():
+            self._done = True
+            if self._rank == 0:
+                self._summary_file.close(summary)
+                log.info("nemo-throughput: %s run summary written to %s", status, self.summary_path)
+            elif missing is None:  # the final exchange completed: rank 0 has every step this rank has
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.rank_summary_path)
+            elif self._write_rank_file(summary, durable=True):
+                log.warning("nemo-throughput: rank %d wrote what it knows to %s", self._rank, self.rank_summary_path)
+        if self._sigterm is not None:
+            self._sigterm.uninstall()
+            self._sigterm = None
+
+    def _write_at_sigterm(self) -> None:
+        """On the SIGTERM watch's thread: the last summary the training thread built (a consistent
+        one), marked interrupted, before Lightning's handler broadcasts (which can hang)."""
+        if self._snapshot is None:
+            return
+        absorbed_through, snapshot = self._snapshot
+        summary = {**snapshot, "status": "interrupted", "error": "SIGTERM received"}
+        self._write_now(self._with_end(summary, f"steps after {absorbed_through}: written when SIGTERM arrived, "
+                                                "before the final exchange across ranks"))
+
+    def _write_now(self, summary: dict[str, Any]) -> None:
+        """This rank's interim summary: rank 0 through its background writer, others to their own file."""
+        with self._write_lock or contextlib.nullcontext():
+            if self._done:
+                return  # the final one is written; never replace it with an older one
+            if self._rank == 0:
+                self._summary_file.update(summary)
+            else:
+                self._write_rank_file(summary, durable=False)
+
+    def _write_rank_file(self, summary: dict[str, Any], durable: bool) -> bool:
+        # Never raise from here: on_exception must not replace the run's own error with ours.
+        try:
+            write_json_atomic(self.rank_summary_path, summary, durable=durable)
+            return True
+        except (OSError, ValueError) as error:
+            log.warning("nemo-throughput: could not write %s: %s", self.rank_summary_path, error)
+            return False
+
+    def _with_end(self, summary: dict[str, Any], missing: str | None) -> dict[str, Any]:
+        """Add how the run ended: which rank wrote it, the signal, what the summary lacks."""
+        received = self._sigterm is not None and self._sigterm.received
+        summary["end"] = {"rank": self._rank, "signal": "SIGTERM" if received else None,
+                          "all_steps_exchanged": missing is None, "missing": missing}
+        return summary
 
     def _update_summary(self) -> None:
-        """Rewrite the running summary, in the background (rank 0); _finish writes the final one."""
+        """Rewrite the running summary, in the background (rank 0); _finish writes the final one.
+        Every rank keeps it, consistent as of this log step, for the SIGTERM watch to write."""
+        summary = build_summary(self.facts, self.stats, "running")
+        self._snapshot = (self._absorbed_through(), summary)
         if self._rank == 0:
-            self._summary_file.update(build_summary(self.facts, self.stats, "running"))
+            self._summary_file.update(summary)
 
 
 def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunFacts:
     """Resolve model shape, batch and hardware: explicit settings first, then the model's config."""
     module = read_module(pl_module, getattr(trainer, "datamodule", None))
-    spec = _model_spec(config, module)
+    shape = _shape_fields(config, module)
+    spec = _model_spec(config, shape, module.source)
     world_size = trainer.world_size
     model_parallel = 1
     for name in ("tensor", "pipeline", "context"):
@@ -223,18 +342,24 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunF
         peak_source = f"table:{identify(gpu_name).name}" if peak is not None else None
 
     orchestrator = environment.detect_orchestrator()
-    model_name = config.model_name or spec.default_name()
+    model_name = config.model_name or (spec.default_name() if spec else None)
+    if model_name is None:
+        raise ValueError("nemo-throughput cannot name the model: flops_per_sample is given and the model shape is "
+                         "not known, so no parameter count to name it after. Pass model_name=... "
+                         "(callbacks.throughput.model_name=... with Hydra).")
     started = datetime.now(timezone.utc)
     return RunFacts(
         name=config.run_name or f"{model_name}_{trainer.num_nodes}n{world_size}g_{started:%Y%m%dT%H%M%SZ}",
         label=config.run_label or os.environ.get(environment.ENV_RUN_LABEL) or orchestrator,
         global_batch_size=global_batch_size,
         micro_batch_size=micro_batch_size,
-        seq_length=spec.seq_length,
+        seq_length=shape["seq_length"],
         model_name=model_name,
         model_spec=spec,
-        flops_formula=config.flops_formula,
-        flops_per_sample=model_flops_per_sample(spec, config.flops_formula),
+        # A figure given (say from a published table) is used as is and recorded as given.
+        flops_formula=config.flops_formula if config.flops_per_sample is None else USER_FLOPS,
+        flops_per_sample=(model_flops_per_sample(spec, config.flops_formula) if config.flops_per_sample is None
+                          else float(config.flops_per_sample)),
         gpu_name=gpu_name,
         num_gpus=world_size,
         num_nodes=trainer.num_nodes,
@@ -248,20 +373,54 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunF
     )
 
 
-def _model_spec(config: ThroughputConfig, module: Any) -> ModelSpec:
+_SHAPE_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
+
+
+def _shape_fields(config: ThroughputConfig, module: Any) -> dict[str, Any]:
+    """ModelSpec fields: the model config's, overridden by the model_spec and seq_length settings."""
     fields = {**module.spec_fields, **(config.model_spec or {})}
     if config.seq_length:
         fields["seq_length"] = config.seq_length
-    required = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
+    return fields
+
+
+def _model_spec(config: ThroughputConfig, fields: dict[str, Any], source: str | None) -> ModelSpec | None:
+    """The model shape; None only when flops_per_sample is given (then only seq_length is needed)."""
+    given_flops = config.flops_per_sample is not None
+    required = ("seq_length",) if given_flops else _SHAPE_REQUIRED
     missing = [name for name in required if not fields.get(name)]
     if missing:
-        found = f" (read from the model's {module.source})" if module.source else ""
+        found = f" (read from the model's {source})" if source else ""
         raise ValueError(
             f"nemo-throughput cannot tell the model shape{found}: missing {missing}. Pass them as "
             f"ThroughputCallback(model_spec={{{', '.join(f'{n!r}: ...' for n in missing)}}}) or, with Hydra, "
             f"callbacks.throughput.model_spec.{missing[0]}=... (and seq_length=... for the sequence length)."
         )
+    if given_flops and not all(fields.get(name) for name in _SHAPE_REQUIRED):
+        return None
     return ModelSpec.from_dict(fields)
+
+
+def _claim_output_dir_on_rank_zero(rank: int, requested: str, facts: RunFacts) -> tuple[str, str]:
+    """Rank 0 makes the output directory this run's own (and probes that it can write there);
+    every rank learns the outcome (one small collective), so that all fail together, not rank 0
+    alone while the others wait for it. Returns (directory, run id)."""
+    outcome: dict[str, Any] = {"directory": requested, "run_id": facts.run_id, "error": None}
+    failure = None
+    if rank == 0:
+        try:
+            outcome["directory"] = str(claim_output_dir(requested, facts.name, facts.run_id))
+        except OutputDirError as error:
+            failure, outcome["error"] = error, str(error)
+    if dist.is_available() and dist.is_initialized():
+        shared = [outcome]
+        dist.broadcast_object_list(shared, src=0)
+        outcome = shared[0]
+    if failure is not None:
+        raise failure
+    if outcome["error"]:
+        raise OutputDirError(f"{outcome['error']} (on rank 0)")
+    return outcome["directory"], outcome["run_id"]
 
 
 @contextlib.contextmanager
@@ -287,6 +446,11 @@ def _gather_rank_records() -> list[dict[str, Any]]:
     return records
 
 
+def _ranks_text(ranks: list[int], shown: int = 8) -> str:
+    listed = ", ".join(map(str, ranks[:shown])) + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {listed}"
+
+
 def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:
     """One readable line per log interval."""
     warmup = " (warm-up)" if interval.warmup else ""
@@ -302,11 +466,13 @@ def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str
     return f"[throughput] steps {interval.first_step}-{interval.last_step}{warmup}: " + " | ".join(parts)
 
 
-def step_rows(steps: torch.Tensor, stats: RunStats) -> list[dict[str, Any]]:
-    """Per-step JSON Lines rows: the global (slowest-rank) time and every rank's phases."""
+def step_rows(steps: torch.Tensor, stats: RunStats, run_id: str) -> list[dict[str, Any]]:
+    """Per-step JSON Lines rows: the global (slowest-rank) time and every rank's phases, and the
+    run's id (so that rows of two runs can never be taken for one)."""
     per_rank = [step_times(steps, rank) for rank in range(steps.shape[0])]
     return [{
         "step": ranks[0].step,
+        "run_id": run_id,
         "warmup": stats.is_warmup(ranks[0].step),
         "step_time_s": max(r.step_s for r in ranks),
         "ranks": [{name: getattr(r, name) for name in StepTimes.VALUES} for r in ranks],

@@ -23,6 +23,7 @@ from typing import Any
 from nemo_throughput.config import ThroughputConfig
 
 _GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
+_FP8_RECIPES = ("e4m3", "hybrid")
 _SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_query_groups",
                "kv_channels", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
                "moe_shared_expert_intermediate_size", "moe_layer_freq")
@@ -78,13 +79,13 @@ def _from_nemo1_cfg(cfg: Any, pl_module: Any) -> ModuleFacts:
         global_batch_size=_get(cfg, "global_batch_size"),
         micro_batch_size=_get(cfg, "micro_batch_size"),
         parallel=_parallel(cfg),
-        fp8=bool(_get(cfg, "fp8")),
+        fp8=_flag(cfg, "fp8"),
     )
 
 
 def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> ModuleFacts:
     spec = _shape(config)
-    spec["gated_linear_unit"] = bool(_get(config, "gated_linear_unit"))
+    spec["gated_linear_unit"] = _flag(config, "gated_linear_unit")
     parallel = _parallel(config)
     seq_length = _get(datamodule, "seq_length") or _get(config, "seq_length")
     if seq_length:
@@ -103,8 +104,28 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
         global_batch_size=_get(datamodule, "global_batch_size"),
         micro_batch_size=_get(datamodule, "micro_batch_size"),
         parallel=parallel,
-        fp8=bool(_get(config, "fp8")),
+        fp8=_megatron_fp8(config),
     )
+
+
+def _flag(obj: Any, key: str) -> bool:
+    """A true/false setting; absent or null is false. A string is refused: "no" would be truthy."""
+    value = _get(obj, key)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise ValueError(f"nemo-throughput: {key} in the model config must be true or false, got {value!r} "
+                     f"({type(value).__name__}): fix it in the model config.")
+
+
+def _megatron_fp8(config: Any) -> bool:
+    """megatron-core's ``fp8`` is None (off) or a recipe name ("e4m3", "hybrid"); a bool is read as is."""
+    value = _get(config, "fp8")
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _FP8_RECIPES:
+        return True
+    raise ValueError(f"nemo-throughput: fp8 in the model config must be null, true/false or one of "
+                     f"{list(_FP8_RECIPES)}, got {value!r}: fix it in the model config.")
 
 
 def _shape(obj: Any) -> dict[str, Any]:
@@ -138,11 +159,12 @@ def nemo_callback(**settings: Any) -> Any:
     CLI: ``nemo llm pretrain --factory llama3_8b 'trainer.callbacks+=[nemo_throughput.nemo_callback()]'``.
     Keyword arguments are ThroughputConfig's fields; a misspelt one fails here, before submission.
     """
+    ThroughputConfig.from_mapping(settings)  # first: a wrong setting is named whether or not NeMo-Run is here
+
     import nemo_run as run
 
     from nemo_throughput.adapters.lightning import ThroughputCallback
 
-    ThroughputConfig.from_mapping(settings)
     return run.Config(ThroughputCallback, **settings)
 
 

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import time
+from datetime import timedelta
 
 import pytorch_lightning as pl
 
@@ -31,6 +32,14 @@ class InstrumentedGPT(DemoGPT):
         return super().training_step(batch, batch_idx)
 
 
+def strategy(args):
+    if args.devices == 1:
+        return "auto"
+    if args.process_group_timeout_s is None:
+        return "ddp"
+    return pl.strategies.DDPStrategy(timeout=timedelta(seconds=args.process_group_timeout_s))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output-dir", required=True)
@@ -43,14 +52,18 @@ def main():
     parser.add_argument("--slow-s", type=float, default=0.0)
     parser.add_argument("--fail-at", type=int, default=0)
     parser.add_argument("--per-step-jsonl", action="store_true")
+    parser.add_argument("--no-callback", action="store_true", help="train without ThroughputCallback")
+    parser.add_argument("--process-group-timeout-s", type=float, default=None,
+                        help="DDPStrategy(timeout=...): how long a collective may wait for the other ranks")
     args = parser.parse_args()
 
     cfg = tiny_gpt_cfg(global_batch_size=2 * args.devices)
     callback = ThroughputCallback(log_every_n_steps=args.log_every, warmup_steps=args.warmup,
                                   output_dir=args.output_dir, per_step_jsonl=args.per_step_jsonl)
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy(args),
                          max_steps=args.steps, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[] if args.no_callback else [callback],
                          default_root_dir=args.output_dir)
     trainer.fit(InstrumentedGPT(cfg, args))
 
