@@ -284,6 +284,11 @@ def test_slurm_time_with_trailing_junk_is_refused(time):
         SlurmJob(command=["python", "t.py"], time=time)
 
 
+@pytest.mark.parametrize("time", ["90", "120:00", "1:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED", "infinite"])
+def test_slurm_times_in_every_form_sbatch_takes_are_accepted(time):
+    assert f"--time={time}" in SlurmJob(command=["python", "t.py"], time=time).sbatch_options()
+
+
 def test_slurm_command_with_control_characters_other_than_tab_and_newline_is_refused():
     with pytest.raises(LaunchError, match="training command.*control character"):
         SlurmJob(command=["python", "t.py", "a\rb"])

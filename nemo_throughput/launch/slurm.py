@@ -26,7 +26,8 @@ BODY_MARKER = "# ---- job body ----"
 _SLURM_NAME = r"[A-Za-z0-9_][A-Za-z0-9._+-]*"
 _NAME = re.compile(_SLURM_NAME)
 _PARTITIONS = re.compile(rf"{_SLURM_NAME}(,{_SLURM_NAME})*")  # sbatch takes a list of partitions
-_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # minutes, [D-]HH[:MM[:SS]]
+# sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit
+_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
 # Pyxis: [USER@][REGISTRY#]IMAGE[:TAG][@DIGEST] or the path of a squashfs file
 _IMAGE = re.compile(r"[A-Za-z0-9._/][A-Za-z0-9._:/@#+~-]*")
 _MOUNT_FLAGS = re.compile(r"[A-Za-z0-9._=-]+(\+[A-Za-z0-9._=-]+)*")  # Pyxis joins enroot's flags with '+'
@@ -89,7 +90,8 @@ class SlurmJob:
         if self.account is not None and not _NAME.fullmatch(self.account):
             raise LaunchError(f"--account {self.account!r} is not a Slurm account name: use {_NAME_RULE}")
         if self.time is not None and not _TIME.fullmatch(self.time):
-            raise LaunchError(f"--time {self.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
+            raise LaunchError(f"--time {self.time!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS, "
+                              "D-HH[:MM[:SS]] or UNLIMITED)")
         if self.image is not None and not _IMAGE.fullmatch(self.image):
             raise LaunchError(f"--image {self.image!r} is not a container image Pyxis takes: "
                               "[USER@][REGISTRY#]IMAGE[:TAG] or the path of a squashfs file, without spaces or "
