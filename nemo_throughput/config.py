@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from nemo_throughput.flops import FORMULAS, ModelSpec
+from nemo_throughput.flops import FORMULAS, ModelSpec, require_positive_int
 from nemo_throughput.hardware import DTYPES, check_dtype
 
 
@@ -49,8 +49,8 @@ class ThroughputConfig:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         for name in ("global_batch_size", "micro_batch_size", "seq_length"):
             value = getattr(self, name)
-            if value is not None and (_not_int(value) or value <= 0):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if value is not None:
+                require_positive_int(name, value, prefix="")
         if self.flops_formula not in FORMULAS:
             raise ValueError(f"Unknown flops_formula {self.flops_formula!r}; choose one of {list(FORMULAS)}")
         if self.dtype is not None:

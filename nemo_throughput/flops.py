@@ -56,11 +56,11 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
-            _require_positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         for name in _OPTIONAL_INTS:
             value = getattr(self, name)
             if value is not None:
-                _require_positive_int(name, value)
+                require_positive_int(name, value)
         _check_field_type("gated_linear_unit", self.gated_linear_unit)
         _check_field_type("moe_router_topk", self.moe_router_topk)
         _check_field_type("moe_layer_freq", self.moe_layer_freq)
@@ -75,7 +75,7 @@ class ModelSpec:
                 f"num_attention_heads={self.num_attention_heads}; pass kv_channels explicitly."
             )
         if self.num_moe_experts is not None:
-            _require_positive_int("moe_router_topk", self.moe_router_topk)
+            require_positive_int("moe_router_topk", self.moe_router_topk)
             if self.moe_router_topk > self.num_moe_experts:
                 raise ValueError(
                     f"ModelSpec: moe_router_topk={self.moe_router_topk} exceeds "
@@ -133,7 +133,7 @@ class ModelSpec:
             return [0] * self.num_layers
         freq = self.moe_layer_freq
         if isinstance(freq, int) and not isinstance(freq, bool):
-            _require_positive_int("moe_layer_freq", freq)
+            require_positive_int("moe_layer_freq", freq)
             return [1 if i % freq == 0 else 0 for i in range(self.num_layers)]
         pattern = [int(x) for x in freq]
         if len(pattern) != self.num_layers or set(pattern) - {0, 1}:
@@ -208,18 +208,19 @@ def _check_field_type(name: str, value: Any, prefix: str = "ModelSpec: ") -> Non
             raise ValueError(f"{prefix}{name} must be true or false, got {value!r} ({type(value).__name__}).")
     elif name == "moe_layer_freq":
         if _is_int(value):
-            _require_positive_int(name, value, prefix)
+            require_positive_int(name, value, prefix)
         elif isinstance(value, str) or not isinstance(value, Sequence) or not all(_is_int(x) for x in value):
             raise ValueError(f"{prefix}{name} must be a positive integer or a list of 0/1 per layer, "
                              f"got {value!r} ({type(value).__name__}).")
     else:
-        _require_positive_int(name, value, prefix)
+        require_positive_int(name, value, prefix)
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _require_positive_int(name: str, value: Any, prefix: str = "ModelSpec: ") -> None:
+def require_positive_int(name: str, value: Any, prefix: str = "ModelSpec: ") -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is an int > 0 (a bool is not one)."""
     if not _is_int(value) or value <= 0:
         raise ValueError(f"{prefix}{name} must be a positive integer, got {value!r}.")

@@ -19,7 +19,7 @@ from typing import Any
 
 from nemo_throughput.aggregation import RunStats
 from nemo_throughput.config import check_positive_number
-from nemo_throughput.flops import FORMULAS, ModelSpec
+from nemo_throughput.flops import FORMULAS, ModelSpec, require_positive_int
 from nemo_throughput.throughput import Workload
 from nemo_throughput.timing import PHASE_TIMES
 
@@ -69,9 +69,9 @@ class RunFacts:
         if not isinstance(self.label, str):
             raise ValueError(f"run label must be a string, got {self.label!r} ({type(self.label).__name__})")
         for name in ("global_batch_size", "seq_length", "num_gpus", "num_nodes"):
-            _require_positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name), prefix="")
         if self.micro_batch_size is not None:
-            _require_positive_int("micro_batch_size", self.micro_batch_size)
+            require_positive_int("micro_batch_size", self.micro_batch_size, prefix="")
         if self.flops_formula not in (*FORMULAS, USER_FLOPS):
             raise ValueError(f"flops_formula must be one of {[*FORMULAS, USER_FLOPS]}, got {self.flops_formula!r}")
         check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
@@ -333,10 +333,6 @@ def new_run_id() -> str:
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
-
-def _require_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _mean(values: list[float] | None) -> float | None:
