@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -35,11 +35,17 @@ class ThroughputConfig:
     dtype: str | None = None  # peak-FLOPs dtype; default from the trainer's precision
     peak_tflops: float | None = None  # per-GPU dense peak; default from the GPU table
     per_step_jsonl: bool = False  # also write steps.jsonl with every step of every rank
+    # Explaining the number (all off the hot path):
+    telemetry: bool = True  # memory, clocks, power, energy per rank, read on log steps
+    profile_steps: tuple[int, int] | None = None  # [first, last] global steps to profile (excluded from throughput)
+    profile_mode: str = "torch"  # "torch": torch.profiler breakdown; "nsys": cudaProfilerStart/Stop + NVTX ranges
+    profile_trace_ranks: tuple[int, ...] | None = None  # ranks that also write a chrome trace of the window
+    probe: bool = False  # fabric probe (collectives' busbw, matmul TFLOP/s per rank) before training
 
     def __post_init__(self) -> None:
         # Every field is checked for its type too: Hydra hands `peak_tflops=abc` over as a string
         # and `run_label=123` as an int, and a wrong value must stop the run, naming the setting.
-        for name in ("output_dir", "run_name", "run_label", "model_name", "flops_formula", "dtype"):
+        for name in ("output_dir", "run_name", "run_label", "model_name", "flops_formula", "dtype", "profile_mode"):
             _check_text(name, getattr(self, name))
         if self.output_dir is not None:
             self.output_dir = os.fspath(self.output_dir)
@@ -57,9 +63,14 @@ class ThroughputConfig:
             self.dtype = check_dtype(self.dtype)
         check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
         check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
-        if not isinstance(self.per_step_jsonl, bool):
-            raise ValueError(f"per_step_jsonl must be true or false, got {self.per_step_jsonl!r} "
-                             f"({type(self.per_step_jsonl).__name__})")
+        for name in ("per_step_jsonl", "telemetry", "probe"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r} ({type(value).__name__})")
+        self.profile_steps = _checked_profile_steps(self.profile_steps)
+        if self.profile_mode not in PROFILE_MODES:
+            raise ValueError(f"Unknown profile_mode {self.profile_mode!r}; choose one of {list(PROFILE_MODES)}")
+        self.profile_trace_ranks = _checked_ranks(self.profile_trace_ranks)
         self.model_spec = _checked_model_spec(self.model_spec)
 
     @classmethod
@@ -75,7 +86,8 @@ class ThroughputConfig:
         return asdict(self)
 
 
-_CHOICES = {"flops_formula": FORMULAS, "dtype": DTYPES}
+PROFILE_MODES = ("torch", "nsys")
+_CHOICES = {"flops_formula": FORMULAS, "dtype": DTYPES, "profile_mode": PROFILE_MODES}
 
 
 def _not_int(value: Any) -> bool:
@@ -90,6 +102,33 @@ def check_positive_number(name: str, value: Any, unit: str) -> None:
         raise ValueError(f"{name} must be a number {unit}, got {value!r} ({type(value).__name__})")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number {unit}, got {value!r}")
+
+
+def _checked_profile_steps(value: Any) -> tuple[int, int] | None:
+    """[first, last] global steps, 1 <= first <= last; a list from Hydra or Python alike."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise ValueError(f"profile_steps must be [first, last] global steps, got {value!r}; "
+                         "with Hydra: callbacks.throughput.profile_steps=[20,25]")
+    first, last = value
+    for step in (first, last):
+        require_positive_int("profile_steps", step, prefix="")
+    if first > last:
+        raise ValueError(f"profile_steps must be [first, last] with first <= last, got [{first}, {last}]")
+    return (first, last)
+
+
+def _checked_ranks(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"profile_trace_ranks must be a list of ranks, got {value!r}; "
+                         "with Hydra: callbacks.throughput.profile_trace_ranks=[0]")
+    for rank in value:
+        if _not_int(rank) or rank < 0:
+            raise ValueError(f"profile_trace_ranks must hold ranks (integers >= 0), got {rank!r}")
+    return tuple(value)
 
 
 def _checked_model_spec(value: Any) -> dict[str, Any] | None:
