@@ -59,13 +59,32 @@ def node_name(env: Mapping[str, str] = os.environ) -> str:
 
 
 def rank_record(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """What one rank contributes at set-up; only the first rank of each node is kept."""
+    """What one rank contributes at set-up; the node's settings are kept from its first rank."""
     return {
         "node": node_name(env),
         "pod": env.get("POD_NAME"),
         "local_rank": int(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0),
+        "gpu_index": gpu_index(env),
         "communication_env": {k: v for k, v in sorted(env.items()) if k.startswith(_COMMUNICATION_PREFIXES)},
     }
+
+
+def gpu_index(env: Mapping[str, str] = os.environ) -> int | None:
+    """The GPU this process uses as the node numbers it (nvidia-smi's index): torch's current
+    device mapped through CUDA_VISIBLE_DEVICES; None without CUDA, or when that lists UUIDs."""
+    if not torch.cuda.is_available():
+        return None
+    logical = torch.cuda.current_device()
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        return logical
+    visible = [part.strip() for part in env["CUDA_VISIBLE_DEVICES"].split(",")]
+    return int(visible[logical]) if logical < len(visible) and visible[logical].isdigit() else None
+
+
+def places(rank_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where each rank ran, for naming the rank behind an extreme: rank, host, GPU index."""
+    return [{"rank": rank, "host": record["node"], "gpu_index": record.get("gpu_index")}
+            for rank, record in enumerate(rank_records)]
 
 
 def gpus_per_node(env: Mapping[str, str] = os.environ) -> int | None:

@@ -29,6 +29,7 @@ SCHEMA = "nemo-throughput/summary/v1"
 STATUSES = ("running", "completed", "failed", "interrupted")
 USER_FLOPS = "user"  # model.flops_formula when flops_per_sample was given, not computed
 STEPS_FILE = "steps.jsonl"
+EXPLAINED = ("telemetry", "communication", "network", "probe")  # sections explaining the numbers
 CLAIM_FILE = ".nemo-throughput-run.json"  # which run owns an output directory
 _MAX_SAME_NAME = 1000  # runs of one name in one output directory: <name>, <name>-2, ...
 
@@ -54,6 +55,7 @@ class RunFacts:
     peak_source: str | None  # "table:<part>", "user", or None when unknown
     parallel: dict[str, int] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
+    places: list[dict[str, Any]] = field(default_factory=list)  # per rank: rank, host, gpu_index
     settings: dict[str, Any] = field(default_factory=dict)
     started_at: str = field(default_factory=lambda: now_iso())
     source: str = "callback"  # or "import:<log format>"
@@ -92,10 +94,16 @@ class RunFacts:
         )
 
 
-def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | None = None) -> dict[str, Any]:
+def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | None = None,
+                  explained: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary; ``explained`` adds the sections that explain the numbers (telemetry,
+    communication, network, probe: see nemo_throughput.explain), each None when not collected."""
     if status not in STATUSES:
         raise ValueError(f"Unknown status {status!r}; expected one of {STATUSES}")
     straggler = stats.straggler()
+    if straggler is not None and straggler["rank"] < len(facts.places):
+        place = facts.places[straggler["rank"]]
+        straggler = {**straggler, "host": place["host"], "gpu_index": place["gpu_index"]}
     breakdown = {name.removesuffix("_s"): _mean(stats.per_rank_phase_s(name)) for name in PHASE_TIMES}
     return {
         "schema": SCHEMA,
@@ -145,6 +153,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "environment": facts.environment,
         "settings": facts.settings,
         "files": {"steps_jsonl": dict(facts.steps_jsonl) if facts.steps_jsonl else None},
+        **{name: None for name in EXPLAINED}, **(explained or {}),
     }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from nemo_throughput import environment
 from nemo_throughput.aggregation import RunStats, steps_tensor
+from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import identify, peak_tflops
 from nemo_throughput.importers import megatron, nemo, tensorboard
@@ -143,13 +144,20 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
                      "imported_rank": read.rank, "log_styles": sorted(read.styles),
                      "versions": environment.library_versions()},
     )
-    summary = build_summary(facts, stats, "completed")
+    summary = build_summary(facts, stats, "completed", explained={"network": _network(path, read, num_nodes)})
     summary["timing"].update(
         window=window.text if window else f"{start_step + warmup_steps + 1}:",
         steps=[[s.step, s.seconds] for s in valid],
         excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]},
         per_rank_step_time_s=None, per_rank_local_time_s=None, slowest_rank=None, straggler=None)
     return Imported(summary, _notes(read, bad))
+
+
+def _network(path: Path, read: ReadLog, num_nodes: int) -> dict[str, Any] | None:
+    """The network section from the log's NCCL_DEBUG=INFO lines, all ranks' (None without any)."""
+    if read.fmt == tensorboard.NAME:
+        return None
+    return network.section_from_log((line.text for line in read_lines(path)), str(path), num_nodes)
 
 
 def _measured(path: Path, valid: list[Step], window: Window | None, stats: RunStats, warmup_steps: int) -> list[Step]:

@@ -1,0 +1,1 @@
+"""What explains a run's number: memory and device telemetry, network, profiler window, fabric probe."""
