@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nemo_throughput.report.runs import IncompleteRun, ReportError, Run, Window, find_summaries, load_run
 from nemo_throughput.report.safe_text import printable
-from nemo_throughput.report.tables import build_report, render
+from nemo_throughput.report.tables import Report, build_report, render
 
 REPORTED, SOME_EXCLUDED, NOTHING_REPORTED = 0, 1, 2
 
@@ -22,9 +22,12 @@ REPORTED, SOME_EXCLUDED, NOTHING_REPORTED = 0, 1, 2
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
         "report", help="tables (and plots) from many run summaries: scaling, environments, MFU, time to train",
-        description="Groups runs by label, model and node count; repeats give mean and standard deviation "
-                    "(shown as mean ± 2σ). Unusable summaries are listed on stderr and left out. Exit status: 0 "
-                    "all reported, 1 some summaries excluded, 2 nothing reported.")
+        description="Groups runs by label (or --group-by network), model and node count; repeats give mean and "
+                    "standard deviation (shown as mean ± 2σ). Where the summaries explain their numbers, columns "
+                    "for communication, memory, clocks, power, energy, probe bandwidth and the slowest rank, and "
+                    "tables of where the step time goes and of the fabric probe follow. Unusable summaries are "
+                    "listed on stderr and left out. Exit status: 0 all reported, 1 some summaries excluded, 2 "
+                    "nothing reported.")
     report.set_defaults(handler=run_report)
     report.add_argument("summaries", nargs="+", help="summary.json files or directories holding them")
     report.add_argument("--baseline", help="label the others are compared with, e.g. bare-metal")
@@ -33,7 +36,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--output", type=Path, help="write the table (or markdown, CSV, JSON) to this file instead "
                                                     "of stdout; its directory must exist")
     report.add_argument("--plot", type=Path, help="write an image (.png, .svg or .pdf): tokens/s and MFU against "
-                                                  "GPU count; its directory must exist")
+                                                  "GPU count; its directory must exist. Where the summaries say "
+                                                  "where the step time goes, the breakdown goes beside it (e.g. "
+                                                  "scaling.png, scaling-breakdown.png)")
+    report.add_argument("--group-by", choices=("label", "network"), default="label",
+                        help="group runs by their label (default) or by the network the summaries record (RDMA, "
+                             "IPoIB, TCP, intra-node); --baseline then names a network, e.g. --baseline RDMA")
     report.add_argument("--window", help="count only these steps, e.g. 35:45, -10: or last (needs per-step "
                                          "times: imported runs, or steps.jsonl beside the summary)")
 
@@ -55,16 +63,16 @@ def run_report(args: argparse.Namespace) -> int:
         _check_destinations(args.output, args.plot)
         paths, problems = find_summaries(args.summaries)
         _require_not_an_input(args.output, paths)
+        _require_not_an_input(breakdown_path(args.plot) if args.plot else None, paths, "--plot's breakdown image")
         runs, rejected = _load_runs(paths, problems, window)
         if not runs:
             raise ReportError("no run left to report on")
-        report = build_report(runs, tokens=args.tokens, baseline=args.baseline)
+        report = build_report(runs, tokens=args.tokens, baseline=args.baseline, group_by=args.group_by)
+        for note in report.notes:
+            say(f"note: {note}")
         text = render(report, args.format)
         if args.plot:
-            from nemo_throughput.report.plots import plot_report
-
-            plot_report(report, args.plot)
-            say(f"plot: {args.plot}")
+            _plot(report, args.plot)
         _write(text, args.output)
     except ReportError as error:
         say(f"nemo-throughput report: {error}")
@@ -98,6 +106,21 @@ def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | 
     return runs, rejected
 
 
+def _plot(report: Report, path: Path) -> None:
+    from nemo_throughput.report.plots import has_breakdown, plot_breakdown, plot_report
+
+    plot_report(report, path)
+    say(f"plot: {path}")
+    if has_breakdown(report):
+        plot_breakdown(report, breakdown_path(path))
+        say(f"plot: {breakdown_path(path)}")
+
+
+def breakdown_path(plot: Path) -> Path:
+    """Where the step-time breakdown goes: beside --plot, e.g. scaling.png -> scaling-breakdown.png."""
+    return plot.with_name(f"{plot.stem}-breakdown{plot.suffix}")
+
+
 def _check_destinations(output: Path | None, plot: Path | None) -> None:
     """Before any work: each file given can be written where it is meant to go. A missing
     directory is an error, not created: a typo should not leave new directories behind."""
@@ -105,6 +128,11 @@ def _check_destinations(output: Path | None, plot: Path | None) -> None:
 
     if plot is not None and plot.suffix.lower() not in IMAGE_SUFFIXES:
         raise ReportError(f"--plot {plot}: the name must end in .png, .svg or .pdf (the image format)")
+    if plot is not None and breakdown_path(plot).is_dir():
+        raise ReportError(f"--plot {plot}: {breakdown_path(plot)}, where its step-time breakdown goes, is a "
+                          "directory; give another file name")
+    if output is not None and plot is not None and output.resolve() == breakdown_path(plot).resolve():
+        raise ReportError(f"--output {output} is where --plot's step-time breakdown goes; give another file name")
     for option, path in (("--output", output), ("--plot", plot)):
         if path is None:
             continue
@@ -116,9 +144,9 @@ def _check_destinations(output: Path | None, plot: Path | None) -> None:
         raise ReportError(f"--output and --plot are the same file, {output}")
 
 
-def _require_not_an_input(output: Path | None, inputs: list[Path]) -> None:
+def _require_not_an_input(output: Path | None, inputs: list[Path], what: str = "--output") -> None:
     if output is not None and output.resolve() in {path.resolve() for path in inputs}:
-        raise ReportError(f"--output {output} is one of the summaries read; write the report elsewhere")
+        raise ReportError(f"{what} {output} is one of the summaries read; write the report elsewhere")
 
 
 def _write(text: str, output: Path | None) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.report.safe_text import printable
-from nemo_throughput.summary import STATUSES, USER_FLOPS, read_summary
+from nemo_throughput.summary import EXPLAINED, STATUSES, USER_FLOPS, read_summary
 from nemo_throughput.throughput import Workload
 
 
@@ -57,6 +57,40 @@ class Window:
                 and (self.stop is None or n < self.stop)]
 
 
+PROFILE_FRACTIONS = ("compute", "communication", "exposed_communication", "idle")  # communication.fractions
+PHASES = ("data", "forward", "backward", "optimizer")  # timing.breakdown_s
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The slowest rank, where it ran, and how far it is above the median rank."""
+
+    rank: int
+    host: str | None
+    gpu_index: int | None
+    metric: str  # what it is slowest in: local_time_s (compute before the collectives) or step_time_s
+    excess_pct: float
+
+
+@dataclass
+class Explanation:
+    """What a summary says about why its step time is what it is; None (or empty): not in it."""
+
+    # The summary has the sections of summary.EXPLAINED, even null: it was written by a version that
+    # records them. One without them (an older version) is reported exactly as before.
+    explains: bool = False
+    network: str | None = None  # network.label: RDMA, IPoIB, TCP, intra-node
+    fractions: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(PROFILE_FRACTIONS))
+    phases_s: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(PHASES))
+    memory_peak_allocated_gib: float | None = None  # max over ranks
+    memory_peak_reserved_gib: float | None = None  # max over ranks
+    sm_clock_mhz: float | None = None  # median over ranks
+    power_w: float | None = None  # median over ranks
+    joules_per_token: float | None = None
+    probe_busbw_gbps: dict[tuple[str, int], float] = field(default_factory=dict)  # (op, bytes) -> busbw
+    straggler: Straggler | None = None  # only from summaries that name the host
+
+
 @dataclass
 class Run:
     path: Path
@@ -75,6 +109,7 @@ class Run:
     steps_counted: int
     window: str | None
     notes: list[str] = field(default_factory=list)  # what was left out of the input, for the user
+    explanation: Explanation = field(default_factory=Explanation)
 
     @property
     def workload(self) -> Workload:
@@ -110,9 +145,71 @@ def load_run(path: Path, window: Window | None = None) -> Run:
               flops_formula=fields.text("model.flops_formula"), gpu_name=fields.text("hardware.gpu_name"),
               dtype=fields.text("hardware.dtype", optional=True),
               peak_tflops=fields.positive("hardware.peak_tflops", optional=True),
-              step_time_s=step_time_s, steps_counted=counted, window=window_text, notes=notes)
+              step_time_s=step_time_s, steps_counted=counted, window=window_text, notes=notes,
+              explanation=read_explanation(fields))
     _require_finite_metrics(run)
     return run
+
+
+def read_explanation(fields: Fields) -> Explanation:
+    """The summary's telemetry, network, communication, probe and straggler values the report
+    shows, each checked; a section that is missing or null gives None, never 0."""
+    summary = fields.document
+    return Explanation(
+        explains=any(name in summary for name in EXPLAINED),
+        network=fields.optional_text("network.label"),
+        fractions={name: fields.optional_number(f"communication.fractions.{name}") for name in PROFILE_FRACTIONS},
+        phases_s={name: fields.optional_number(f"timing.breakdown_s.{name}") for name in PHASES},
+        memory_peak_allocated_gib=fields.optional_number("telemetry.memory.peak_allocated_gib.max"),
+        memory_peak_reserved_gib=fields.optional_number("telemetry.memory.peak_reserved_gib.max"),
+        sm_clock_mhz=fields.optional_number("telemetry.device.sm_clock_mhz.median"),
+        power_w=fields.optional_number("telemetry.device.power_w.median"),
+        joules_per_token=fields.optional_number("telemetry.energy.joules_per_token"),
+        probe_busbw_gbps=_probe_busbw(fields),
+        straggler=_straggler(fields),
+    )
+
+
+def _probe_busbw(fields: Fields) -> dict[tuple[str, int], float]:
+    collectives = fields.optional("probe.collectives")
+    if collectives is None:
+        return {}
+    if not isinstance(collectives, list):
+        raise fields.error("probe.collectives", collectives, "it must be a list of {op, bytes, busbw_gbps} or null")
+    busbw: dict[tuple[str, int], float] = {}
+    for index, entry in enumerate(collectives):
+        where = f"probe.collectives[{index}]"
+        if not isinstance(entry, dict):
+            raise fields.error(where, entry, "it must be an object {op, bytes, busbw_gbps, ...}")
+        op, size, value = entry.get("op"), entry.get("bytes"), entry.get("busbw_gbps")
+        if not isinstance(op, str) or not op:
+            raise fields.error(f"{where}.op", op, "it must be the collective's name, e.g. 'all_reduce'")
+        if not is_count(size):
+            raise fields.error(f"{where}.bytes", size, "it must be an integer >= 1")
+        if not is_non_negative_finite(value):
+            raise fields.error(f"{where}.busbw_gbps", value, "it must be a finite number >= 0")
+        if (op, size) in busbw:
+            raise fields.error(where, entry, f"{op} at {size} bytes is listed twice; keep one")
+        busbw[(op, size)] = float(value)
+    return busbw
+
+
+def _straggler(fields: Fields) -> Straggler | None:
+    """The slowest rank, from summaries that name its host; older ones (rank only) give None."""
+    straggler = fields.optional("timing.straggler")
+    if not isinstance(straggler, dict) or "host" not in straggler:
+        return None
+    rank = fields.value("timing.straggler.rank")
+    if not is_index(rank):
+        raise fields.error("timing.straggler.rank", rank, "it must be an integer >= 0")
+    gpu_index = fields.value("timing.straggler.gpu_index", None)
+    if gpu_index is not None and not is_index(gpu_index):
+        raise fields.error("timing.straggler.gpu_index", gpu_index, "it must be an integer >= 0 or null")
+    excess = fields.value("timing.straggler.excess_pct")
+    if not is_finite(excess):
+        raise fields.error("timing.straggler.excess_pct", excess, "it must be a finite number")
+    return Straggler(rank=rank, host=fields.text("timing.straggler.host", optional=True), gpu_index=gpu_index,
+                     metric=fields.text("timing.straggler.metric"), excess_pct=float(excess))
 
 
 class Fields:
@@ -136,6 +233,33 @@ class Fields:
                 raise ReportError(f"{self.where}: {'.'.join(walked)} is missing")
             node = node[name]
         return node
+
+    def optional(self, dotted: str) -> Any:
+        """The field at `a.b.c`, or None when it, or an object on the way to it, is missing or null
+        (sections that older summaries lack, or that a run left empty)."""
+        node, walked = self.document, []
+        for name in dotted.split("."):
+            if node is None:
+                return None
+            if not isinstance(node, dict):
+                raise self.error(".".join(walked), node, "it must be an object or null")
+            walked.append(name)
+            node = node.get(name)
+        return node
+
+    def optional_number(self, dotted: str) -> float | None:
+        value = self.optional(dotted)
+        if value is None:
+            return None
+        if not is_non_negative_finite(value):
+            raise self.error(dotted, value, "it must be a finite number >= 0 or null (not measured)")
+        return float(value)
+
+    def optional_text(self, dotted: str) -> str | None:
+        value = self.optional(dotted)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise self.error(dotted, value, "it must be a non-empty string or null")
+        return value
 
     def count(self, dotted: str) -> int:
         value = self.value(dotted)
@@ -168,6 +292,23 @@ class Fields:
 
 def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_finite(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond float range
+        return False
+
+
+def is_non_negative_finite(value: Any) -> bool:
+    return is_finite(value) and value >= 0
 
 
 def is_positive_finite(value: Any) -> bool:

@@ -1,5 +1,7 @@
 """From runs to the tables benchmark studies print: configurations with mean and spread over
-repeats, scaling against the smallest node count, and environments against a baseline."""
+repeats, scaling against the smallest node count, and environments against a baseline; and,
+where the summaries explain their numbers, why: communication, memory, clocks, power, energy,
+the slowest rank, where the step time goes, and the start-up fabric probe."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import io
 import json
 import math
 import statistics
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from nemo_throughput.report.runs import ReportError, Run
+from nemo_throughput.report.runs import PHASES, PROFILE_FRACTIONS, ReportError, Run
 from nemo_throughput.report.safe_text import csv_cell, markdown_cell, printable
 from nemo_throughput.throughput import days_to_train
 
@@ -40,6 +43,50 @@ class Group:
     perfect_linear_factor: float | None = None  # GPU count over the smallest node count's
     perfect_linear_scale: float | None = None  # tokens/s if scaling were perfect
     scaling_efficiency: float | None = None  # linear factor / perfect linear factor
+    # Why the step time is what it is (issue 12). None: not in the summaries, or not in every run of the
+    # configuration (a value from some repeats only would pass for all of them).
+    network: str | None = None  # network.label: RDMA, IPoIB, TCP, intra-node
+    compute_share: float | None = None  # of the profiled steps' time, mean over ranks (and runs)
+    communication_share: float | None = None  # collectives, overlapped with compute or not
+    exposed_communication_share: float | None = None  # collectives while no compute ran
+    idle_share: float | None = None
+    data_s: float | None = None  # the step's phases, mean over ranks (and runs)
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    memory_peak_reserved_gib: float | None = None  # max over ranks and runs
+    memory_peak_allocated_gib: float | None = None
+    sm_clock_mhz: float | None = None  # median over ranks, mean over runs
+    power_w: float | None = None  # median over ranks, mean over runs
+    joules_per_token: float | None = None
+    probe_all_reduce_busbw_gbps: float | None = None  # at the largest size every run probed
+    probe_all_reduce_bytes: int | None = None
+    straggler_rank: int | None = None  # the slowest rank of the run where it was slowest
+    straggler_host: str | None = None
+    straggler_gpu_index: int | None = None
+    straggler_metric: str | None = None
+    straggler_excess_pct: float | None = None
+    probe_busbw_gbps: dict[tuple[str, int], float | None] = field(default_factory=dict)  # the probe table
+
+
+# The fields every report has; the others are shown only where some configuration has a value.
+BASE_FIELDS = ("label", "model", "num_nodes", "num_gpus", "runs", "tokens_per_s", "tokens_per_s_std",
+               "tokens_per_s_per_gpu", "step_time_s", "model_tflops_per_gpu", "mfu", "days_to_train",
+               "global_batch_size", "seq_length", "files", "linear_factor", "perfect_linear_factor",
+               "perfect_linear_scale", "scaling_efficiency")
+# Columns of the configuration table, by family: shown (all of a family) when any configuration has one.
+COLUMN_FAMILIES = (("network",), ("communication_share",), ("exposed_communication_share",),
+                   ("memory_peak_reserved_gib", "memory_peak_allocated_gib"), ("sm_clock_mhz",), ("power_w",),
+                   ("joules_per_token",), ("probe_all_reduce_busbw_gbps", "probe_all_reduce_bytes"),
+                   ("straggler_rank", "straggler_host", "straggler_gpu_index", "straggler_metric",
+                    "straggler_excess_pct"))
+SHARES = ("compute_share", "communication_share", "exposed_communication_share", "idle_share")
+PHASE_FIELDS = ("data_s", "forward_s", "backward_s", "optimizer_s")
+STEP_TIME_FIELDS = ("label", "model", "num_nodes", "num_gpus", "step_time_s", *SHARES, *PHASE_FIELDS)
+PROBE_FIELDS = ("op", "bytes", "label", "model", "num_nodes", "num_gpus", "busbw_gbps")
+PROBE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv")  # the probe's order
+GROUP_BY = ("label", "network")
+UNKNOWN_NETWORK = "unknown"  # the group of runs whose summaries name no network, under --group-by network
 
 
 @dataclass
@@ -60,28 +107,97 @@ class Report:
     comparisons: list[Comparison]
     tokens: float  # the token budget of days_to_train
     baseline: str | None
+    group_by: str = "label"  # one of GROUP_BY
+    shown: tuple[str, ...] = ()  # the fields of COLUMN_FAMILIES some configuration has, in their order
+    step_time: bool = False  # whether the summaries say where the step time goes
+    notes: list[str] = field(default_factory=list)  # for stderr, e.g. repeats that differ in network
+
+    @property
+    def probe_rows(self) -> list[tuple[str, int]]:
+        """(collective, bytes) of the probe table: those some configuration has; empty: no probe."""
+        keys = {key for g in self.groups for key, value in g.probe_busbw_gbps.items() if value is not None}
+        rank = {op: i for i, op in enumerate(PROBE_OPS)}
+        return sorted(keys, key=lambda key: (rank.get(key[0], len(PROBE_OPS)), key[0], key[1]))
+
+    @property
+    def probe_groups(self) -> list[Group]:
+        """The configurations with probe results (the probe table's columns)."""
+        return [g for g in self.groups if g.probe_busbw_gbps]
 
     def to_json(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "baseline": self.baseline,
-                "groups": [asdict(g) for g in self.groups], "comparisons": [asdict(c) for c in self.comparisons]}
+        """Today's keys, plus the explaining ones only where some run has them."""
+        fields = (*BASE_FIELDS, *self.shown)
+        data: dict[str, Any] = {"tokens": self.tokens, "baseline": self.baseline}
+        if self.group_by != "label":
+            data["group_by"] = self.group_by
+        data["groups"] = [{name: getattr(g, name) for name in fields} for g in self.groups]
+        data["comparisons"] = [asdict(c) for c in self.comparisons]
+        if self.step_time:
+            data["step_time"] = step_time_records(self)
+        if self.probe_rows:
+            data["probe"] = probe_records(self)
+        return data
 
 
-def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = None) -> Report:
+def step_time_fields(report: Report) -> list[str]:
+    """STEP_TIME_FIELDS, with the network after the label where runs are grouped by label and name one."""
+    if report.group_by == "label" and "network" in report.shown:
+        return ["label", "network", *STEP_TIME_FIELDS[1:]]
+    return list(STEP_TIME_FIELDS)
+
+
+def step_time_records(report: Report) -> list[dict[str, Any]]:
+    fields = step_time_fields(report)
+    return [{name: getattr(g, name) for name in fields} for g in report.groups]
+
+
+def probe_records(report: Report) -> list[dict[str, Any]]:
+    """One record per collective, size and configuration (busbw_gbps None: not probed by every run)."""
+    return [{"op": op, "bytes": size, "label": g.label, "model": g.model, "num_nodes": g.num_nodes,
+             "num_gpus": g.num_gpus, "busbw_gbps": g.probe_busbw_gbps.get((op, size))}
+            for op, size in report.probe_rows for g in report.probe_groups]
+
+
+def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = None,
+                 group_by: str = "label") -> Report:
+    """Runs grouped by configuration: `group_by` label (run.label, as given at launch) or network
+    (the network label the summaries record: RDMA, IPoIB, TCP, ...), model and node/GPU count."""
+    if group_by not in GROUP_BY:
+        raise ReportError(f"group by {group_by!r}: use one of {GROUP_BY}")
     _require_distinct_when_printed(runs)
+    notes: list[str] = []
     try:
-        groups = [_group(members, tokens) for members in _by_configuration(runs).values()]
+        groups = [_group(members, tokens, group_by, notes) for members in _by_configuration(runs, group_by).values()]
         groups.sort(key=lambda g: (g.model, g.label, g.num_gpus))
         _add_scaling(groups)
         labels = sorted({g.label for g in groups})
         if baseline is not None and baseline not in labels:
-            raise ReportError(f"--baseline {baseline!r} is not a label of these runs; their labels are {labels}")
-        comparisons = _compare(groups, runs, baseline) if baseline else []
+            what = "network label" if group_by == "network" else "label"
+            raise ReportError(f"--baseline {baseline!r} is not a {what} of these runs; their {what}s are {labels}")
+        comparisons = _compare(groups, runs, baseline, group_by) if baseline else []
     except OverflowError as error:
         raise ReportError(f"the numbers of these runs overflow when combined ({error}); check --tokens and the "
                           "summaries' step times and batch sizes") from error
-    report = Report(groups, comparisons, tokens, baseline)
+    report = Report(groups, comparisons, tokens, baseline, group_by=group_by, shown=_shown_fields(groups, group_by),
+                    step_time=_says_where_time_goes(groups, runs), notes=notes)
     _require_finite(report)
     return report
+
+
+def _shown_fields(groups: list[Group], group_by: str) -> tuple[str, ...]:
+    shown = [family for family in COLUMN_FAMILIES
+             if any(getattr(g, name) is not None for g in groups for name in family)]
+    if group_by == "network" and ("network",) not in shown:
+        shown.insert(0, ("network",))
+    return tuple(name for family in shown for name in family)
+
+
+def _says_where_time_goes(groups: list[Group], runs: list[Run]) -> bool:
+    """A profiled window anywhere, or phases from summaries of a version that explains its step
+    time (older summaries carry the phases too, but their report stays as it was)."""
+    profiled = any(getattr(g, name) is not None for g in groups for name in SHARES)
+    phased = any(getattr(g, name) is not None for g in groups for name in PHASE_FIELDS)
+    return profiled or (phased and any(run.explanation.explains for run in runs))
 
 
 def _require_finite(report: Report) -> None:
@@ -96,7 +212,9 @@ def _require_finite(report: Report) -> None:
 def _require_distinct_when_printed(runs: list[Run]) -> None:
     """Two labels (or models) that print the same, e.g. `k8s` and `k8s` wrapped in colour codes,
     would be two rows no reader can tell apart: refuse rather than show them."""
-    for what, name_of in (("labels", attrgetter("label")), ("models", attrgetter("model"))):
+    named = [("labels", attrgetter("label")), ("models", attrgetter("model")),
+             ("network labels", lambda run: run.explanation.network or UNKNOWN_NETWORK)]
+    for what, name_of in named:
         printed: dict[str, list[str]] = {}
         for name in sorted({name_of(run) for run in runs}):
             printed.setdefault(printable(name), []).append(name)
@@ -107,23 +225,32 @@ def _require_distinct_when_printed(runs: list[Run]) -> None:
                                   f"characters are removed; correct them in {files}")
 
 
-def _by_configuration(runs: list[Run]) -> dict[tuple, list[Run]]:
+def grouping_label(run: Run, group_by: str) -> str:
+    if group_by == "network":
+        return run.explanation.network or UNKNOWN_NETWORK
+    return run.label
+
+
+def _by_configuration(runs: list[Run], group_by: str = "label") -> dict[tuple, list[Run]]:
     configurations: dict[tuple, list[Run]] = {}
     for run in runs:
-        configurations.setdefault((run.label, run.model, run.num_nodes, run.num_gpus), []).append(run)
+        key = (grouping_label(run, group_by), run.model, run.num_nodes, run.num_gpus)
+        configurations.setdefault(key, []).append(run)
     return configurations
 
 
-def _group(runs: list[Run], tokens: float) -> Group:
+def _group(runs: list[Run], tokens: float, group_by: str, notes: list[str]) -> Group:
     first = runs[0]
-    _require_same_setup(runs, f"{printable(first.label)} / {printable(first.model)} / {first.num_nodes} nodes")
+    label = grouping_label(first, group_by)
+    what = f"{printable(label)} / {printable(first.model)} / {first.num_nodes} nodes"
+    _require_same_setup(runs, what)
     per_run = [run.workload.metrics(run.step_time_s) for run in runs]
     tokens_per_s = [m["tokens_per_s"] for m in per_run]
     mean_tps = statistics.fmean(tokens_per_s)
     mfus = [m["mfu"] for m in per_run]
     tflops = [m["model_tflops_per_gpu"] for m in per_run]
     return Group(
-        label=first.label, model=first.model, num_nodes=first.num_nodes, num_gpus=first.num_gpus, runs=len(runs),
+        label=label, model=first.model, num_nodes=first.num_nodes, num_gpus=first.num_gpus, runs=len(runs),
         tokens_per_s=mean_tps,
         tokens_per_s_std=statistics.stdev(tokens_per_s) if len(runs) > 1 else 0.0,
         tokens_per_s_per_gpu=mean_tps / first.num_gpus,
@@ -133,7 +260,68 @@ def _group(runs: list[Run], tokens: float) -> Group:
         days_to_train=days_to_train(tokens, mean_tps),
         global_batch_size=first.global_batch_size, seq_length=first.seq_length,
         files=[str(run.path) for run in runs],
+        **explained_values(runs, what, notes),
     )
+
+
+def explained_values(runs: list[Run], what: str, notes: list[str]) -> dict[str, Any]:
+    """A configuration's explaining values from its runs: each only when every run has it."""
+    explanations = [run.explanation for run in runs]
+    values: dict[str, Any] = {"network": _network(runs, what, notes)}
+    for name in PROFILE_FRACTIONS:
+        values[f"{name}_share"] = _mean_of_all([e.fractions[name] for e in explanations])
+    for name in PHASES:
+        values[f"{name}_s"] = _mean_of_all([e.phases_s[name] for e in explanations])
+    for name in ("memory_peak_reserved_gib", "memory_peak_allocated_gib"):
+        values[name] = _max_of_all([getattr(e, name) for e in explanations])
+    for name in ("sm_clock_mhz", "power_w", "joules_per_token"):
+        values[name] = _mean_of_all([getattr(e, name) for e in explanations])
+    values["probe_busbw_gbps"] = _probe_means(explanations)
+    values.update(_largest_all_reduce(values["probe_busbw_gbps"]))
+    values.update(_slowest(explanations))
+    return values
+
+
+def _mean_of_all(values: list[float | None]) -> float | None:
+    return None if None in values else statistics.fmean(values)
+
+
+def _max_of_all(values: list[float | None]) -> float | None:
+    return None if None in values else max(values)
+
+
+def _network(runs: list[Run], what: str, notes: list[str]) -> str | None:
+    """The network label of a configuration's runs; repeats that differ are named, with a note."""
+    labels = {run.explanation.network for run in runs}
+    if len(labels) == 1:
+        return labels.pop()
+    names = sorted(label or UNKNOWN_NETWORK for label in labels)
+    notes.append(f"runs of {what} differ in network ({', '.join(map(printable, names))}); their tokens/s are "
+                 "averaged as one configuration: give them different labels, or use --group-by network")
+    return f"mixed ({', '.join(names)})"
+
+
+def _probe_means(explanations: list[Any]) -> dict[tuple[str, int], float | None]:
+    """Mean busbw per (collective, bytes) over the runs; None where some run lacks it."""
+    keys = {key for e in explanations for key in e.probe_busbw_gbps}
+    return {key: _mean_of_all([e.probe_busbw_gbps.get(key) for e in explanations]) for key in keys}
+
+
+def _largest_all_reduce(busbw: dict[tuple[str, int], float | None]) -> dict[str, Any]:
+    sizes = [size for (op, size), value in busbw.items() if op == "all_reduce" and value is not None]
+    if not sizes:
+        return {"probe_all_reduce_busbw_gbps": None, "probe_all_reduce_bytes": None}
+    return {"probe_all_reduce_busbw_gbps": busbw[("all_reduce", max(sizes))], "probe_all_reduce_bytes": max(sizes)}
+
+
+def _slowest(explanations: list[Any]) -> dict[str, Any]:
+    """The slowest rank of the run in which it was furthest above the median (every run must name one)."""
+    stragglers = [e.straggler for e in explanations]
+    if None in stragglers:
+        return {}
+    worst = max(stragglers, key=attrgetter("excess_pct"))
+    return {"straggler_rank": worst.rank, "straggler_host": worst.host, "straggler_gpu_index": worst.gpu_index,
+            "straggler_metric": worst.metric, "straggler_excess_pct": worst.excess_pct}
 
 
 def _require_same_setup(runs: list[Run], what: str) -> None:
@@ -157,9 +345,9 @@ def _add_scaling(groups: list[Group]) -> None:
             group.scaling_efficiency = group.linear_factor / group.perfect_linear_factor
 
 
-def _compare(groups: list[Group], runs: list[Run], baseline: str) -> list[Comparison]:
+def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str = "label") -> list[Comparison]:
     by_key = {(g.label, g.model, g.num_nodes, g.num_gpus): g for g in groups}
-    runs_by_key = _by_configuration(runs)
+    runs_by_key = _by_configuration(runs, group_by)
     comparisons = []
     for (label, model, nodes, gpus), other in by_key.items():
         base = by_key.get((baseline, model, nodes, gpus))
@@ -178,9 +366,14 @@ def _compare(groups: list[Group], runs: list[Run], baseline: str) -> list[Compar
 
 # ------------------------------------------------------------------------------------- rendering
 DIFF_SIGN = "diff % = 100 x (baseline - other) / baseline: positive when the other environment is slower"
+MISSING = "n/a"  # not measured, or not by every run of the configuration: never shown as 0
+STEP_TIME_TITLE = ("Where the step time goes: shares of the profiled steps (compute + exposed communication +\n"
+                   "idle = 100 %; communication counts overlapped collectives too), and the phases of a step in\n"
+                   "seconds, means over ranks.")
+PROBE_TITLE = "Start-up fabric probe: bus bandwidth in GB/s (nccl-tests' busbw), per collective and message size"
 
 
-def _group_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+def _group_rows(report: Report) -> tuple[list[str], list[list[str]], set[int]]:
     days = f"days for {_count(report.tokens)} tokens"
     header = ["label", "model", "nodes", "GPUs", "runs", "tokens/s (mean ± 2σ)", "linear factor",
               "perfect linear", "perfect linear scale", "efficiency", "tokens/s/GPU", "MFU", days]
@@ -191,7 +384,76 @@ def _group_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         f"{g.tokens_per_s_per_gpu:,.0f}", f"{100 * g.mfu:.2f} %" if g.mfu is not None else "n/a",
         f"{g.days_to_train:,.2f}",
     ] for g in report.groups]
-    return header, rows
+    if report.group_by == "network":
+        header[0] = "network"
+    elif "network" in report.shown:
+        header.insert(1, "network")
+        for row, g in zip(rows, report.groups, strict=True):
+            row.insert(1, _text(g.network))
+    explaining = set()
+    for title, cell in _explaining_columns(report):
+        explaining.add(len(header))
+        header.append(title)
+        for row, g in zip(rows, report.groups, strict=True):
+            row.append(cell(g))
+    return header, rows, explaining
+
+
+def _explaining_columns(report: Report) -> list[tuple[str, Any]]:
+    """(header, cell of a group) of each explaining column some configuration has a value for."""
+    columns = {
+        "communication_share": ("communication %", lambda g: _percent(g.communication_share)),
+        "exposed_communication_share": ("exposed comm. %", lambda g: _percent(g.exposed_communication_share)),
+        "memory_peak_reserved_gib": ("peak memory GiB", lambda g: _number(g.memory_peak_reserved_gib, ".1f")),
+        "sm_clock_mhz": ("SM clock MHz", lambda g: _number(g.sm_clock_mhz, ",.0f")),
+        "power_w": ("power W", lambda g: _number(g.power_w, ",.0f")),
+        "joules_per_token": ("J/token", lambda g: _number(g.joules_per_token, ".3g")),
+        "probe_all_reduce_busbw_gbps": _busbw_column(report),
+        "straggler_rank": ("slowest rank", _slowest_rank),
+    }
+    return [columns[name] for name in report.shown if name in columns]
+
+
+def _busbw_column(report: Report) -> tuple[str, Any]:
+    """The probe's all_reduce busbw at its largest size: in the header when all share it, else in each cell."""
+    sizes = {g.probe_all_reduce_bytes for g in report.groups if g.probe_all_reduce_bytes is not None}
+    if len(sizes) == 1:
+        return f"all_reduce busbw GB/s @ {_size(sizes.pop())}", lambda g: _number(g.probe_all_reduce_busbw_gbps, ".1f")
+
+    def cell(g: Group) -> str:
+        if g.probe_all_reduce_busbw_gbps is None:
+            return MISSING
+        return f"{g.probe_all_reduce_busbw_gbps:.1f} @ {_size(g.probe_all_reduce_bytes)}"
+
+    return "all_reduce busbw GB/s", cell
+
+
+def _slowest_rank(g: Group) -> str:
+    """`rank@host +excess %`: the rank most above the median rank, and by how much."""
+    if g.straggler_rank is None:
+        return MISSING
+    where = f"{g.straggler_rank}@{g.straggler_host}" if g.straggler_host else f"{g.straggler_rank}"
+    return f"{where} {g.straggler_excess_pct:+.1f} %"
+
+
+def _percent(fraction: float | None) -> str:
+    return MISSING if fraction is None else f"{100 * fraction:.1f} %"
+
+
+def _number(value: float | None, spec: str) -> str:
+    return MISSING if value is None else format(value, spec)
+
+
+def _text(value: str | None) -> str:
+    return MISSING if value is None else value
+
+
+def _size(size_bytes: int) -> str:
+    """Message sizes as nccl-tests prints them: 8 B, 64 KiB, 256 MiB, 1 GiB (binary units)."""
+    for power, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if size_bytes >= 1024 ** power:
+            return f"{size_bytes / 1024 ** power:g} {unit}"
+    return f"{size_bytes} B"
 
 
 def _count(tokens: float) -> str:
@@ -206,6 +468,44 @@ def _comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     rows = [[c.model, str(c.num_nodes), str(c.num_gpus), c.baseline, c.other, f"{c.baseline_tokens_per_s:,.0f}",
              f"{c.other_tokens_per_s:,.0f}", f"{c.diff_pct:+.2f}"] for c in report.comparisons]
     return header, rows
+
+
+def _step_time_rows(report: Report) -> tuple[list[str], list[list[str]], set[int]]:
+    """Per configuration: the profiled shares and the phases, each family only where some run has it."""
+    header = ["network" if report.group_by == "network" else "label", "model", "nodes", "GPUs", "step time s"]
+    rows = [[g.label, g.model, str(g.num_nodes), str(g.num_gpus), f"{g.step_time_s:.3f}"] for g in report.groups]
+    if report.group_by == "label" and "network" in report.shown:
+        header.insert(1, "network")
+        for row, g in zip(rows, report.groups, strict=True):
+            row.insert(1, _text(g.network))
+    families = ((SHARES, ("compute %", "communication %", "exposed comm. %", "idle %"), _percent),
+                (PHASE_FIELDS, ("data s", "forward s", "backward s", "optimizer s"), lambda v: _number(v, ".3f")))
+    for names, titles, cell in families:
+        if any(getattr(g, name) is not None for g in report.groups for name in names):
+            header += titles
+            for row, g in zip(rows, report.groups, strict=True):
+                row += [cell(getattr(g, name)) for name in names]
+    return header, rows, set(range(header.index("step time s"), len(header)))
+
+
+def _probe_rows(report: Report) -> tuple[list[str], list[list[str]], set[int]]:
+    """Collective x size down, one column per configuration that ran the probe."""
+    groups = report.probe_groups
+    several_models = len({g.model for g in groups}) > 1
+    nodes_per_gpus: dict[int, set[int]] = {}
+    for g in groups:
+        nodes_per_gpus.setdefault(g.num_gpus, set()).add(g.num_nodes)
+
+    def title(g: Group) -> str:
+        parts = [g.label, g.model] if several_models else [g.label]
+        if len(nodes_per_gpus[g.num_gpus]) > 1:
+            parts.append(f"{g.num_nodes} nodes")
+        return " ".join([*parts, f"{g.num_gpus} GPUs"])
+
+    header = ["collective", "size", *map(title, groups)]
+    rows = [[op, _size(size), *(_number(g.probe_busbw_gbps.get((op, size)), ".1f") for g in groups)]
+            for op, size in report.probe_rows]
+    return header, rows, set(range(1, len(header)))
 
 
 def render(report: Report, fmt: str) -> str:
@@ -223,15 +523,25 @@ def render(report: Report, fmt: str) -> str:
         labels = sorted({g.label for g in report.groups})
         if len(labels) > 1:
             parts.append(f"(compare labels with --baseline, one of {labels})")
+    if report.step_time:
+        parts += [STEP_TIME_TITLE, table(*_step_time_rows(report))]
+    if report.probe_rows:
+        parts += [PROBE_TITLE, table(*_probe_rows(report))]
     return "\n\n".join(parts) + "\n"
 
 
-def _text_table(header: list[str], rows: list[list[str]]) -> str:
-    """Aligned columns: words to the left, numbers to the right."""
+def _text_table(header: list[str], rows: list[list[str]], missing_is_number: Collection[int] = ()) -> str:
+    """Aligned columns: words to the left, numbers to the right. In the columns `missing_is_number`
+    names, n/a is a missing number (the explaining columns; today's keep their old alignment)."""
+    header = [printable(cell) for cell in header]
     rows = [[printable(cell) for cell in row] for row in rows]
     table = [header, *rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    numeric = [all(r[i][:1].isdigit() or r[i][:1] in "+-" for r in rows) and bool(rows) for i in range(len(header))]
+
+    def is_number(cell: str, column: int) -> bool:
+        return cell[:1].isdigit() or cell[:1] in "+-" or (column in missing_is_number and cell == MISSING)
+
+    numeric = [all(is_number(r[i], i) for r in rows) and bool(rows) for i in range(len(header))]
 
     def line(row: list[str]) -> str:
         cells = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric, strict=True)]
@@ -240,24 +550,30 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
 
 
-def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+def _markdown_table(header: list[str], rows: list[list[str]], missing_is_number: Collection[int] = ()) -> str:
+    """A markdown table (the renderer aligns it; `missing_is_number` is for the text table only)."""
+    lines = ["| " + " | ".join(map(markdown_cell, header)) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(map(markdown_cell, row)) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def _render_csv(report: Report) -> str:
-    """The groups, then (after an empty line) the comparisons, with raw numbers."""
+    """The groups, then (each after an empty line) the comparisons, where the step time goes and
+    the probe (one row per collective, size and configuration), with raw numbers."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    group_fields = [f for f in Group.__dataclass_fields__ if f != "files"]
-    writer.writerow(group_fields)
-    for g in report.groups:
-        writer.writerow([csv_cell(getattr(g, f)) for f in group_fields])
+    group_fields = [f for f in (*BASE_FIELDS, *report.shown) if f != "files"]
+    sections = [(group_fields, [{f: getattr(g, f) for f in group_fields} for g in report.groups])]
     if report.comparisons:
-        writer.writerow([])
-        fields = list(Comparison.__dataclass_fields__)
+        sections.append((list(Comparison.__dataclass_fields__), [asdict(c) for c in report.comparisons]))
+    if report.step_time:
+        sections.append((step_time_fields(report), step_time_records(report)))
+    if report.probe_rows:
+        sections.append((list(PROBE_FIELDS), probe_records(report)))
+    for index, (fields, records) in enumerate(sections):
+        if index:
+            writer.writerow([])
         writer.writerow(fields)
-        for c in report.comparisons:
-            writer.writerow([csv_cell(getattr(c, f)) for f in fields])
+        for record in records:
+            writer.writerow([csv_cell(record[f]) for f in fields])
     return out.getvalue()
