@@ -73,15 +73,22 @@ def step_times(matrix: torch.Tensor, rank: int) -> list[StepTimes]:
     return [StepTimes.from_floats(int(row[0]), row[1:]) for row in matrix[rank].tolist()]
 
 
+def _split(gathered: torch.Tensor, extras_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[ranks, steps * COLUMNS + extras_width]`` -> (``[ranks, steps, COLUMNS]``, ``[ranks, extras_width]``)."""
+    ranks, width = gathered.shape
+    steps = gathered[:, :width - extras_width]
+    return steps.reshape(ranks, steps.shape[1] // len(COLUMNS), len(COLUMNS)), gathered[:, width - extras_width:]
+
+
 class Gathered:
-    """A started all-gather; :meth:`wait` returns ``[ranks, steps, COLUMNS]``."""
+    """A started all-gather; :meth:`wait` returns ``[ranks, steps, COLUMNS]`` and ``[ranks, extras]``."""
 
-    def __init__(self, wait_fn: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, wait_fn: Callable[[], torch.Tensor], extras_width: int) -> None:
         self._wait_fn = wait_fn
+        self._extras_width = extras_width
 
-    def wait(self) -> torch.Tensor:
-        gathered = self._wait_fn()
-        return gathered.reshape(gathered.shape[0], gathered.shape[1] // len(COLUMNS), len(COLUMNS))
+    def wait(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return _split(self._wait_fn(), self._extras_width)
 
 
 @dataclass
@@ -94,6 +101,7 @@ class FinalSteps:
     missing: str | None
     interrupted_ranks: list[int] = field(default_factory=list)
     sent_through: int | None = None  # last step of this rank's latest all-gather, to log its interval apart
+    extras: torch.Tensor | None = None  # ``[ranks, extras]`` as of the end, when the exchange completed
 
     def intervals(self) -> list[torch.Tensor]:
         """The steps as the live log would have had them: the last all-gather's, then the rest."""
@@ -107,12 +115,15 @@ class FinalSteps:
 
 
 class Exchange:
-    """All-gathers each rank's :class:`StepTimes` over the default process group (if any).
+    """All-gathers each rank's :class:`StepTimes`, and a fixed number of other per-rank values
+    (``extras``: memory, clocks, a profile's breakdown; NaN where unknown), over the default
+    process group (if any).
 
     Creating one is a collective when distributed (its final-exchange group): every rank must.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, extras_width: int = 0) -> None:
+        self.extras_width = extras_width
         self.distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.rank = dist.get_rank() if self.distributed else 0
@@ -133,11 +144,11 @@ class Exchange:
                         "its last interval is exchanged, the summary will say which steps it lacks.", error)
             return None
 
-    def start(self, steps: list[StepTimes]) -> Gathered:
+    def start(self, steps: list[StepTimes], extras: list[float] | None = None) -> Gathered:
         self._sent.append(steps)
-        payload = steps_tensor([steps]).reshape(-1)
+        payload = torch.cat([steps_tensor([steps]).reshape(-1), self._extras_tensor(extras)])
         if not self.distributed:
-            return Gathered(lambda: payload.reshape(1, -1))
+            return Gathered(lambda: payload.reshape(1, -1), self.extras_width)
         if self.nccl:
             return self._start_nccl(payload)
         outputs = [torch.empty_like(payload) for _ in range(self.world_size)]
@@ -147,7 +158,13 @@ class Exchange:
             work.wait()
             return torch.stack(outputs)
 
-        return Gathered(wait)
+        return Gathered(wait, self.extras_width)
+
+    def _extras_tensor(self, extras: list[float] | None) -> torch.Tensor:
+        values = [math.nan] * self.extras_width if extras is None else extras
+        if len(values) != self.extras_width:
+            raise ValueError(f"Expected {self.extras_width} per-rank values, got {len(values)}")
+        return torch.tensor(values, dtype=torch.float64)
 
     def _start_nccl(self, payload: torch.Tensor) -> Gathered:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -166,36 +183,39 @@ class Exchange:
             assert host_in.is_pinned()  # referenced here so it outlives the asynchronous copy
             return host_out
 
-        return Gathered(wait)
+        return Gathered(wait, self.extras_width)
 
-    def finish(self, pending: list[StepTimes], absorbed_through: int, interrupted: bool = False) -> FinalSteps:
+    def finish(self, pending: list[StepTimes], absorbed_through: int, interrupted: bool = False,
+               extras: list[float] | None = None) -> FinalSteps:
         """Exchange every step after ``absorbed_through`` that every rank finished: the ones of
-        the last all-gathers and ``pending``; and whether each rank was ``interrupted``. Waits at
-        most ``final_timeout_s`` for the others."""
+        the last all-gathers and ``pending``; whether each rank was ``interrupted``; and each
+        rank's final ``extras``. Waits at most ``final_timeout_s`` for the others."""
         local = [*(s for sent in self._sent for s in sent), *pending]
         sent_through = self._sent[-1][-1].step if self._sent and self._sent[-1] else None
         self._sent.clear()
-        final = self._finish(local, absorbed_through, interrupted)
+        final = self._finish(local, absorbed_through, interrupted, self._extras_tensor(extras))
         final.sent_through = sent_through
         return final
 
-    def _finish(self, local: list[StepTimes], absorbed_through: int, interrupted: bool) -> FinalSteps:
+    def _finish(self, local: list[StepTimes], absorbed_through: int, interrupted: bool,
+                extras: torch.Tensor) -> FinalSteps:
         alone = [self.rank] if interrupted else []
         if not self.distributed:
-            return FinalSteps(steps_tensor([[s for s in local if s.step > absorbed_through]]), None, alone)
+            steps = steps_tensor([[s for s in local if s.step > absorbed_through]])
+            return FinalSteps(steps, None, alone, extras=extras.reshape(1, -1))
         if self._final_group is None:
             return FinalSteps(None, f"steps after {absorbed_through}: there was no process group for the final "
                                     "exchange across ranks (see the warning at set-up)", alone)
         deadline = time.monotonic() + self.final_timeout_s
         try:
-            return self._finish_across_ranks(local, absorbed_through, interrupted, deadline)
+            return self._finish_across_ranks(local, absorbed_through, interrupted, extras, deadline)
         except RuntimeError as error:  # timed out, or a peer closed its connection
             return FinalSteps(None, f"steps after {absorbed_through}: the final exchange across ranks did not "
                                     f"complete within {self.final_timeout_s:g} s ({error}); a rank did not take "
                                     "part (stopped, killed or stuck)", alone)
 
     def _finish_across_ranks(self, local: list[StepTimes], absorbed_through: int, interrupted: bool,
-                             deadline: float) -> FinalSteps:
+                             extras: torch.Tensor, deadline: float) -> FinalSteps:
         numbers = [s.step for s in local]
         consecutive = numbers == list(range(numbers[0], numbers[-1] + 1)) if numbers else True
         first, last = (numbers[0], numbers[-1]) if numbers else (absorbed_through + 1, absorbed_through)
@@ -213,13 +233,12 @@ class Exchange:
         if common_first > lowest_absorbed + 1 and absorbed_through < common_first - 1:
             missing = (f"steps {absorbed_through + 1}-{common_first - 1}: no longer held by every rank for the final "
                        "exchange")
-        if common_last < common_first:
-            return FinalSteps(None, missing, interrupted_ranks)
-        # 2) The steps every rank finished, from the oldest one some rank has not absorbed.
+        # 2) The steps every rank finished, from the oldest one some rank has not absorbed, and the extras.
         rows = [s for s in local if common_first <= s.step <= common_last]
-        gathered = self._gather_final(steps_tensor([rows]).reshape(-1), deadline)
-        gathered = gathered.reshape(self.world_size, len(rows), len(COLUMNS))
-        return FinalSteps(gathered[:, gathered[0, :, 0] > absorbed_through], missing, interrupted_ranks)
+        payload = torch.cat([steps_tensor([rows]).reshape(-1), extras])
+        steps, final_extras = _split(self._gather_final(payload, deadline), self.extras_width)
+        steps = steps[:, steps[0, :, 0] > absorbed_through] if rows else None
+        return FinalSteps(steps, missing, interrupted_ranks, extras=final_extras)
 
     def _gather_final(self, payload: torch.Tensor, deadline: float) -> torch.Tensor:
         outputs = [torch.empty_like(payload) for _ in range(self.world_size)]
@@ -239,15 +258,21 @@ class Interval:
     max_step_time_s: float
     slowest_rank: int
     warmup: bool
+    profiled: bool = False  # overlaps the profiled steps (left out of the statistics)
 
 
 class RunStats:
-    """All ranks' step times after warm-up, accumulated on every rank in O(steps of the interval)."""
+    """All ranks' step times after warm-up, accumulated on every rank in O(steps of the interval).
 
-    def __init__(self, world_size: int, warmup_steps: int, start_step: int = 0) -> None:
+    Steps in ``excluded`` (first, last) (a profiled window) are reported live but left out of the
+    statistics, like warm-up steps."""
+
+    def __init__(self, world_size: int, warmup_steps: int, start_step: int = 0,
+                 excluded: tuple[int, int] | None = None) -> None:
         self.world_size = world_size
         self.warmup_steps = warmup_steps
         self.start_step = start_step  # global step the run (or its resumption) began at
+        self.excluded = excluded
         self.last_step: int | None = None
         self._sorted: list[float] = []  # global step times, kept sorted for the percentiles
         self._mean = 0.0  # running mean and sum of squared deviations (Welford)
@@ -260,6 +285,12 @@ class RunStats:
 
     def is_warmup(self, step: int) -> bool:
         return step <= self.start_step + self.warmup_steps
+
+    def is_excluded(self, step: int) -> bool:
+        return self.excluded is not None and self.excluded[0] <= step <= self.excluded[1]
+
+    def is_measured(self, step: int) -> bool:
+        return not (self.is_warmup(step) or self.is_excluded(step))
 
     def add(self, steps: torch.Tensor) -> Interval | None:
         """Take ``[ranks, steps, COLUMNS]``; return the interval's statistics (None if empty)."""
@@ -281,9 +312,9 @@ class RunStats:
         values = torch.cat([steps[:, :, 1:], steps[:, :, _DATA:_DATA + 1] + steps[:, :, _FORWARD:_FORWARD + 1]], dim=2)
         global_s = values[:, :, 0].max(dim=0).values
 
-        first_measured = next((i for i, n in enumerate(step_numbers) if not self.is_warmup(n)), len(step_numbers))
-        measured = values[:, first_measured:]  # warm-up steps come first
-        for value in global_s[first_measured:].tolist():
+        keep = torch.tensor([self.is_measured(n) for n in step_numbers])
+        measured = values[:, keep]
+        for value in global_s[keep].tolist():
             bisect.insort(self._sorted, value)
             delta = value - self._mean
             self._mean += delta / len(self._sorted)
@@ -301,6 +332,7 @@ class RunStats:
             max_step_time_s=float(global_s.max()),
             slowest_rank=int(straggler_time.argmax()),
             warmup=self.is_warmup(step_numbers[-1]),
+            profiled=any(self.is_excluded(n) for n in step_numbers),
         )
 
     @property
@@ -342,18 +374,24 @@ class RunStats:
         return self._means
 
     def straggler(self) -> dict[str, object] | None:
-        """The slowest rank, the metric used to find it, and how far it is above the median rank."""
+        """The slowest rank by the time it spends before its first collective (data + forward:
+        the all-reduce makes every rank's step equally long, so step time cannot name it), how
+        far it is above the median rank, the spread over ranks, and how long the median rank
+        waits for it per step at the gradient reduction (the difference of the two)."""
         if not self.steps_measured:
             return None
         metric, values = "local_time_s", self.per_rank_phase_s("local_s")
         if values is None:
             metric, values = "step_time_s", self.per_rank_step_time_s()
         slowest = max(range(len(values)), key=lambda i: values[i])
-        typical = _percentile(sorted(values), 50)
+        ordered = sorted(values)
+        typical = _percentile(ordered, 50)
         return {
             "rank": slowest,
             "metric": metric,
             "excess_pct": 100.0 * (values[slowest] / typical - 1.0) if typical > 0 else 0.0,
+            "spread_s": {"min": ordered[0], "median": typical, "max": ordered[-1]},
+            "others_wait_s": values[slowest] - typical if metric == "local_time_s" else None,
         }
 
 

@@ -7,6 +7,7 @@ import sys
 
 from nemo_throughput import bench
 from nemo_throughput.demo import command as demo
+from nemo_throughput.explain import probe
 from nemo_throughput.importers import command as importers
 from nemo_throughput.launch import command as launch
 from nemo_throughput.report import command as report
@@ -16,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nemo-throughput", description="Step time, tokens/s and MFU for "
                                      "NeMo / Megatron GPT pretraining: demo, launch, report, import, bench.")
     commands = parser.add_subparsers(dest="command", required=True)
-    for feature in (demo, launch, report, importers, bench):
+    for feature in (demo, launch, report, importers, bench, probe):
         feature.add_parsers(commands)
     args, rest = parser.parse_known_args(_join_window_values(sys.argv[1:] if argv is None else argv))
     if getattr(args, "takes_command", False):  # `launch ... -- <training command>`

@@ -1,5 +1,7 @@
 """Cross-rank statistics, and the all-gather over a real two-process gloo group."""
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -36,6 +38,8 @@ def test_global_step_time_is_the_slowest_rank_per_step_and_warmup_is_left_out():
     straggler = stats.straggler()
     assert straggler["rank"] == 1 and straggler["metric"] == "local_time_s"
     assert straggler["excess_pct"] == pytest.approx(100 * (0.5 / 0.35 - 1))
+    assert straggler["spread_s"] == pytest.approx({"min": 0.2, "median": 0.35, "max": 0.5})
+    assert straggler["others_wait_s"] == pytest.approx(0.5 - 0.35)  # the median rank's wait for rank 1
     assert (interval.first_step, interval.last_step, interval.slowest_rank) == (1, 6, 1)
     assert interval.max_step_time_s == 9.0 and not interval.warmup
 
@@ -55,7 +59,18 @@ def test_without_phases_the_straggler_is_the_rank_with_the_longest_steps():
     stats = RunStats(world_size=3, warmup_steps=0)
     stats.add(steps_tensor([rank_steps(1, [1.0, 1.0]), rank_steps(1, [1.0, 1.2]), rank_steps(1, [3.0, 1.0])]))
     assert stats.per_rank_phase_s("local_s") is None
-    assert stats.straggler() == {"rank": 2, "metric": "step_time_s", "excess_pct": pytest.approx(81.818181)}
+    assert stats.straggler() == {"rank": 2, "metric": "step_time_s", "excess_pct": pytest.approx(81.818181),
+                                 "spread_s": pytest.approx({"min": 1.0, "median": 1.1, "max": 2.0}),
+                                 "others_wait_s": None}  # step times cannot tell a wait
+
+
+def test_profiled_steps_are_reported_but_left_out_of_the_statistics():
+    stats = RunStats(world_size=1, warmup_steps=1, excluded=(3, 4))
+    first = stats.add(steps_tensor([rank_steps(1, [9.0, 1.0])]))
+    window = stats.add(steps_tensor([rank_steps(3, [7.0, 8.0, 2.0])]))
+    assert not first.profiled and window.profiled and window.max_step_time_s == 8.0
+    assert stats.steps_measured == 2 and stats.mean_step_time_s() == pytest.approx(1.5)  # steps 2 and 5
+    assert stats.per_rank_step_time_s() == pytest.approx([1.5])
 
 
 def test_warmup_counts_from_the_step_the_run_started_at():
@@ -79,16 +94,22 @@ def test_ranks_disagreeing_on_steps_is_an_error():
 
 def test_exchange_without_torch_distributed_returns_the_local_steps():
     steps = rank_steps(5, [0.5, 0.25], local=[0.1, 0.2])
-    assert step_times(Exchange().start(steps).wait(), 0) == steps
+    gathered, extras = Exchange(extras_width=2).start(steps, [3.0, math.nan]).wait()
+    assert step_times(gathered, 0) == steps
+    assert extras.shape == (1, 2) and extras[0, 0] == 3.0 and extras[0, 1].isnan()
+    with pytest.raises(ValueError, match="Expected 2 per-rank values, got 1"):
+        Exchange(extras_width=2).start(steps, [1.0])
 
 
 def _gloo_worker(rank: int, world_size: int, port: int, results) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        exchange = Exchange()
-        first = exchange.start(rank_steps(1, [1.0 + rank, 2.0 + rank], local=[rank, rank]))
+        exchange = Exchange(extras_width=1)
+        first = exchange.start(rank_steps(1, [1.0 + rank, 2.0 + rank], local=[rank, rank]), [100.0 + rank])
         second = exchange.start(rank_steps(3, [10.0 * (rank + 1)]))  # started before the first is read
-        results[rank] = [[step_times(m, r) for r in range(world_size)] for m in (first.wait(), second.wait())]
+        (first_steps, first_extras), (second_steps, second_extras) = first.wait(), second.wait()
+        results[rank] = [[step_times(m, r) for r in range(world_size)] for m in (first_steps, second_steps)]
+        results[f"extras{rank}"] = (first_extras.tolist(), second_extras.isnan().all().item())
     finally:
         dist.destroy_process_group()
 
@@ -102,6 +123,7 @@ def test_exchange_all_gathers_every_ranks_steps_over_gloo():
         first, second = results[rank]
         assert first == [rank_steps(1, [1.0, 2.0], local=[0, 0]), rank_steps(1, [2.0, 3.0], local=[1, 1])]
         assert second == [rank_steps(3, [10.0]), rank_steps(3, [20.0])]
+        assert results[f"extras{rank}"] == ([[100.0], [101.0]], True)  # every rank's, in rank order; NaN if none
 
 
 def test_a_long_run_on_many_ranks_accumulates_correctly():

@@ -20,7 +20,8 @@ SLOW_S = 0.15
 
 def test_a_slow_rank_is_named_and_the_global_step_time_follows_it(tmp_path):
     proc = run_train_tiny("--output-dir", tmp_path, "--devices", 2, "--steps", 16, "--log-every", 4,
-                          "--warmup", 2, "--slow-rank", 1, "--slow-s", SLOW_S, "--per-step-jsonl")
+                          "--warmup", 2, "--slow-rank", 1, "--slow-s", SLOW_S, "--per-step-jsonl",
+                          "--profile-steps", 6, 8, "--trace-rank", 0, "--probe")
     output, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, output
     summary = read_json(tmp_path / "summary.json")
@@ -30,7 +31,7 @@ def test_a_slow_rank_is_named_and_the_global_step_time_follows_it(tmp_path):
     assert summary["parallel"]["data"] == 2
     (node,) = summary["environment"]["nodes"]  # both ranks on this host, recorded once
     assert node["ranks"] == [0, 1]
-    assert timing["steps_measured"] == 14
+    assert timing["steps_measured"] == 14 - 3  # after warm-up, without the profiled steps 6-8
     # Rank 1 spends SLOW_S more before its gradient all-reduce; rank 0 waits for it inside the step.
     assert timing["slowest_rank"] == 1 and timing["straggler"]["metric"] == "local_time_s"
     local = timing["per_rank_local_time_s"]
@@ -42,10 +43,38 @@ def test_a_slow_rank_is_named_and_the_global_step_time_follows_it(tmp_path):
         summary["batch"]["tokens_per_step"] / timing["step_time_s"]["mean"])
     # the live log line on rank 0 names it too
     assert "slowest rank 1" in output
+    # where it ran, the spread over ranks, and how long the other rank waits for it per step
+    straggler = timing["straggler"]
+    assert (straggler["host"], straggler["gpu_index"]) == (node["name"], None)
+    assert straggler["spread_s"] == pytest.approx({"min": local[0], "median": (local[0] + local[1]) / 2,
+                                                   "max": local[1]})
+    assert straggler["others_wait_s"] == pytest.approx(local[1] - (local[0] + local[1]) / 2)
+
+    # The profiled window: rank 0 spends the slow rank's delay blocked in the gradient all-reduce
+    # (exposed communication), rank 1 its own sleep (idle, not compute: no op runs).
+    communication = summary["communication"]
+    assert communication["window"] == {"first_step": 6, "last_step": 8, "mode": "torch", "steps": 3}
+    waiting, slow = communication["per_rank"]
+    assert (waiting["rank"], slow["rank"]) == (0, 1) and waiting["host"] == node["name"]
+    assert waiting["exposed_communication_s"] > slow["exposed_communication_s"]
+    assert slow["idle_s"] > waiting["idle_s"] and slow["idle_s"] > slow["compute_s"]
+    for part in (waiting, slow):
+        assert part["compute_s"] + part["exposed_communication_s"] + part["idle_s"] == pytest.approx(part["window_s"])
+    assert communication["traces"] == ["traces/rank0.json"]
+    assert (tmp_path / "traces" / "rank0.json").stat().st_size > 0 and not (tmp_path / "traces" / "rank1.json").exists()
+    assert "steps 4-7 (profiled steps not counted)" in output
+    assert summary["network"]["backend"] == "gloo" and summary["network"]["label"] is None
+    assert summary["telemetry"] is None  # no memory statistics, no NVML on a CPU
+    # the start-up probe ran over the same gloo group, before the first step
+    probe = summary["probe"]
+    assert probe["world_size"] == 2 and probe["backend"] == "gloo"
+    assert {row["op"] for row in probe["collectives"]} >= {"all_reduce", "all_gather", "sendrecv"}
+    assert all(row["busbw_gbps"] > 0 for row in probe["collectives"])
 
     # steps.jsonl: both ranks' phases for every step; the global time is the larger of the two
     steps = [json.loads(line) for line in open(tmp_path / "steps.jsonl")]
     assert [s["step"] for s in steps] == list(range(1, 17))
+    assert [s["step"] for s in steps if s["profiled"]] == [6, 7, 8]
     for s in steps:
         assert len(s["ranks"]) == 2
         assert s["step_time_s"] == max(r["step_s"] for r in s["ranks"])
@@ -62,7 +91,7 @@ def made_steps(first, last, rank):
 def _final_exchange_worker(rank, port, scenario, results):
     os.environ[ENV_FINAL_EXCHANGE_TIMEOUT_S] = "2"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    exchange = Exchange()
+    exchange = Exchange(extras_width=1)
     exchange.start(made_steps(1, 2, rank)).wait()  # absorbed by both ranks
     exchange.start(made_steps(3, 4, rank))  # in flight: never waited for (a rank may be gone)
     # Rank 1 finished one step more; with "skewed" it also absorbed steps 3-4 (rank 0 had not yet).
@@ -73,10 +102,11 @@ def _final_exchange_worker(rank, port, scenario, results):
         time.sleep(ABSENT_S)  # alive but never reaching the final exchange (hung elsewhere)
         return
     started = time.monotonic()
-    final = exchange.finish(pending, absorbed_through)
+    final = exchange.finish(pending, absorbed_through, extras=[10.0 + rank])
     results[rank] = {
         "seconds": time.monotonic() - started,
         "missing": final.missing,
+        "extras": None if final.extras is None else final.extras.flatten().tolist(),
         "steps": None if final.steps is None else [step_times(final.steps, r) for r in range(2)],
     }
 
@@ -98,6 +128,7 @@ def test_the_final_exchange_takes_every_step_all_ranks_finished_including_the_on
     for rank in (0, 1):
         assert results[rank]["missing"] is None
         assert results[rank]["steps"] == [made_steps(3, 5, 0), made_steps(3, 5, 1)]  # step 6: not finished by rank 0
+        assert results[rank]["extras"] == [10.0, 11.0]  # each rank's final per-rank values
 
 
 def test_the_final_exchange_sends_again_what_a_lagging_rank_did_not_absorb():
@@ -110,7 +141,7 @@ def test_the_final_exchange_sends_again_what_a_lagging_rank_did_not_absorb():
 def test_the_final_exchange_gives_up_after_its_timeout_and_says_what_is_missing():
     results = run_final_exchange("absent")
     assert 1 not in results
-    assert results[0]["steps"] is None
+    assert results[0]["steps"] is None and results[0]["extras"] is None
     assert results[0]["seconds"] < ABSENT_S  # it did not wait for the absent rank
     assert results[0]["missing"].startswith("steps after 2:")
     assert "2 s" in results[0]["missing"]

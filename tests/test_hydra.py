@@ -47,6 +47,20 @@ def test_overrides_and_the_debug_variant_compose():
     assert debug.log_every_n_steps == 1 and debug.per_step_jsonl is True and debug.warmup_steps == 10
 
 
+def test_explain_settings_compose_from_the_command_line():
+    cfg = compose_callbacks("+callbacks=throughput", "callbacks.throughput.profile_steps=[20,25]",
+                            "callbacks.throughput.profile_trace_ranks=[0,8]", "callbacks.throughput.probe=true")
+    config = ThroughputConfig.from_mapping(OmegaConf.to_container(cfg.callbacks.throughput))
+    assert (config.profile_steps, config.profile_trace_ranks, config.probe) == ((20, 25), (0, 8), True)
+    for bad, message in (("profile_steps=[25,20]", "first <= last"), ("profile_steps=20", r"\[first, last\]"),
+                         ("profile_mode=nvprof", "Unknown profile_mode"), ("profile_trace_ranks=[-1]", "ranks"),
+                         ("telemetry=maybe", "telemetry must be true or false")):
+        section = OmegaConf.to_container(compose_callbacks("+callbacks=throughput",
+                                                           f"callbacks.throughput.{bad}").callbacks.throughput)
+        with pytest.raises(ValueError, match=message):
+            ThroughputConfig.from_mapping(section)
+
+
 def test_factories_are_registered_for_both_lightning_namespaces():
     for group in ("lightning.pytorch.callbacks_factory", "pytorch_lightning.callbacks_factory"):
         (ours,) = [ep for ep in entry_points(group=group) if ep.name == "nemo_throughput"]

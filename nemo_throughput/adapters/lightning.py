@@ -5,8 +5,9 @@ installed (``lightning.pytorch`` for NeMo 2, ``pytorch_lightning`` for NeMo 1.x 
 code), since each Trainer accepts only its own namespace's callbacks.
 
 Hot path (every step): one clock mark in each of four hooks, nothing read. Log step (every
-``log_every_n_steps``): collect the previous steps, start their all-gather, finish the one
-started on the last log step, log it and rewrite the summary (rank 0).
+``log_every_n_steps``): collect the previous steps, sample this rank's telemetry, start their
+all-gather, finish the one started on the last log step, log it and rewrite the summary (rank 0).
+Only the steps of a ``profile_steps`` window do more (start and stop the profiler).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from nemo_throughput import environment
 from nemo_throughput.adapters.nemo import read_module
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, Interval, RunStats, step_times
 from nemo_throughput.config import ThroughputConfig
+from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import device_name, dtype_for_precision, identify, peak_tflops
 from nemo_throughput.signals import SigtermWatch
@@ -73,6 +75,7 @@ class ThroughputCallback(*_callback_bases()):
         self._summary_file: SummaryFile | None = None
         self._timer: StepTimer | None = None
         self._exchange: Exchange | None = None
+        self._explain: RunExplanation | None = None
         self._in_flight: Gathered | None = None
         self._last_step = 0
         self._rank = 0
@@ -97,8 +100,9 @@ class ThroughputCallback(*_callback_bases()):
         if stage != "fit" or self._deduplicate(trainer):
             return
         self._rank = trainer.global_rank
+        records = _gather_rank_records()
         with _warnings_on_rank_zero(self._rank):
-            facts = describe_run(self.config, trainer, pl_module)
+            facts = describe_run(self.config, trainer, pl_module, records)
         requested = (self.config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR)
                      or os.path.join(trainer.log_dir or os.getcwd(), "throughput"))
         # Checked now, not when the summary is first written at the end of hours of training.
@@ -106,7 +110,10 @@ class ThroughputCallback(*_callback_bases()):
         if self.config.per_step_jsonl:
             facts.steps_jsonl = {"path": STEPS_FILE, "complete": True, "error": None}
         self.facts = facts
-        self._exchange = Exchange()
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+        self._explain = RunExplanation(self.config, trainer.strategy.root_device, self._rank, facts.places,
+                                       self.output_dir, records, backend)
+        self._exchange = Exchange(extras_width=self._explain.width)
 
     def _deduplicate(self, trainer: Any) -> bool:
         """Drop this instance if it came from `+callbacks=throughput` and the code added one too."""
@@ -128,7 +135,8 @@ class ThroughputCallback(*_callback_bases()):
             return
         self._last_step = trainer.global_step
         self._in_flight, self._done = None, False
-        self.stats = RunStats(trainer.world_size, self.config.warmup_steps, start_step=trainer.global_step)
+        self.stats = RunStats(trainer.world_size, self.config.warmup_steps, start_step=trainer.global_step,
+                              excluded=self.config.profile_steps)
         self._timer = StepTimer(clock_for(trainer.strategy.root_device))
         if self._rank == 0:
             self._summary_file = SummaryFile(self.summary_path)
@@ -139,6 +147,9 @@ class ThroughputCallback(*_callback_bases()):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._timer is not None:
             self._timer.mark(START)
+            window = self._explain.window
+            if window is not None and window.contains(trainer.global_step + 1):
+                window.step_start(trainer.global_step + 1)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self._timer is not None:
@@ -154,11 +165,17 @@ class ThroughputCallback(*_callback_bases()):
             return  # a gradient-accumulation micro-batch: the optimizer step is not over yet
         self._last_step = step
         self._timer.end_step(step)
+        window = self._explain.window
+        if window is not None and window.contains(step):
+            window.step_end(step)
+            if step == window.last_step:
+                self._timer.anchor()  # stopping the profiler (and reading its trace) is no step's time
         if step % self.config.log_every_n_steps == 0:
             # Steps up to the previous one: their marks are at least one step old.
-            finished, self._in_flight = self._in_flight, self._exchange.start(self._timer.collect(step - 1))
+            steps, extras = self._timer.collect(step - 1), self._explain.sample(step)
+            finished, self._in_flight = self._in_flight, self._exchange.start(steps, extras)
             if finished is not None:
-                self._absorb(trainer, finished.wait())
+                self._absorb(trainer, *finished.wait())
             self._update_summary()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -192,7 +209,7 @@ class ThroughputCallback(*_callback_bases()):
         if several_ranks:
             # What this rank knows goes to disk before any collective: another rank may be gone,
             # and SIGKILL follows SIGTERM within seconds.
-            self._write_now(self._with_end(build_summary(self.facts, self.stats, status, error),
+            self._write_now(self._with_end(self._summary(status, error),
                                            f"steps after {self._absorbed_through()}: written before the final "
                                            "exchange across ranks"))
         # Several ranks: the device may be stuck behind a collective; read only finished steps.
@@ -209,10 +226,15 @@ class ThroughputCallback(*_callback_bases()):
         # The in-flight all-gather (default group) is never waited for: a peer may be gone. Its
         # steps go again over the final exchange.
         self._in_flight = None
+        if wait_for_device:  # else the device may be stuck: leave an open profile window as it is
+            self._explain.close()
         pending = self._timer.collect(wait=wait_for_device)
-        final = self._exchange.finish(pending, self._absorbed_through(), interrupted)
+        extras = self._explain.sample(self._last_step)
+        final = self._exchange.finish(pending, self._absorbed_through(), interrupted, extras)
         for interval in final.intervals():
             self._absorb(trainer, interval)
+        if final.extras is not None:
+            self._explain.absorb(final.extras, measured=self.stats.is_measured(self._last_step))
         if final.missing is not None:
             log.warning("nemo-throughput: the summary lacks %s.", final.missing)
         return final
@@ -220,8 +242,11 @@ class ThroughputCallback(*_callback_bases()):
     def _absorbed_through(self) -> int:
         return self.stats.last_step if self.stats.last_step is not None else self.stats.start_step
 
-    def _absorb(self, trainer: Any, steps: torch.Tensor) -> None:
+    def _absorb(self, trainer: Any, steps: torch.Tensor, extras: torch.Tensor | None = None) -> None:
         interval = self.stats.add(steps)
+        if extras is not None:
+            sampled_at = int(extras[0, 0])
+            self._explain.absorb(extras, measured=self.stats.is_measured(sampled_at))
         if interval is None or self._rank != 0:
             return
         metrics = self.facts.workload.metrics(interval.step_time_s)
@@ -247,7 +272,7 @@ class ThroughputCallback(*_callback_bases()):
 
     def _finish(self, status: str, error: str | None, missing: str | None) -> None:
         """The final summary (rank 0); other ranks keep theirs only while rank 0 may lack their steps."""
-        summary = self._with_end(build_summary(self.facts, self.stats, status, error), missing)
+        summary = self._with_end(self._summary(status, error, final=True), missing)
         with self._write_lock or contextlib.nullcontext():
             self._done = True
             if self._rank == 0:
@@ -291,6 +316,10 @@ class ThroughputCallback(*_callback_bases()):
             log.warning("nemo-throughput: could not write %s: %s", self.rank_summary_path, error)
             return False
 
+    def _summary(self, status: str, error: str | None = None, final: bool = False) -> dict[str, Any]:
+        explained = self._explain.sections(self.facts.workload.tokens_per_step, final=final and self._rank == 0)
+        return build_summary(self.facts, self.stats, status, error, explained)
+
     def _with_end(self, summary: dict[str, Any], missing: str | None) -> dict[str, Any]:
         """Add how the run ended: which rank wrote it, the signal, what the summary lacks."""
         received = self._sigterm is not None and self._sigterm.received
@@ -301,14 +330,17 @@ class ThroughputCallback(*_callback_bases()):
     def _update_summary(self) -> None:
         """Rewrite the running summary, in the background (rank 0); _finish writes the final one.
         Every rank keeps it, consistent as of this log step, for the SIGTERM watch to write."""
-        summary = build_summary(self.facts, self.stats, "running")
+        summary = self._summary("running")
         self._snapshot = (self._absorbed_through(), summary)
         if self._rank == 0:
             self._summary_file.update(summary)
 
 
-def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunFacts:
-    """Resolve model shape, batch and hardware: explicit settings first, then the model's config."""
+def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,
+                 rank_records: list[dict[str, Any]] | None = None) -> RunFacts:
+    """Resolve model shape, batch and hardware: explicit settings first, then the model's config.
+    ``rank_records``: every rank's :func:`environment.rank_record` (default: this rank's alone)."""
+    rank_records = rank_records or [environment.rank_record()]
     module = read_module(pl_module, getattr(trainer, "datamodule", None))
     shape = _shape_fields(config, module)
     spec = _model_spec(config, shape, module.source)
@@ -367,7 +399,8 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any) -> RunF
         peak_tflops=peak,
         peak_source=peak_source,
         parallel={"data": data_parallel, "tensor": 1, "pipeline": 1, "context": 1, **module.parallel},
-        environment={**environment.capture(_gather_rank_records()), "model_config_source": module.source},
+        environment={**environment.capture(rank_records), "model_config_source": module.source},
+        places=environment.places(rank_records),
         settings=config.to_dict(),
         started_at=started.isoformat(timespec="seconds"),
     )
@@ -453,7 +486,7 @@ def _ranks_text(ranks: list[int], shown: int = 8) -> str:
 
 def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:
     """One readable line per log interval."""
-    warmup = " (warm-up)" if interval.warmup else ""
+    warmup = " (profiled steps not counted)" if interval.profiled else " (warm-up)" if interval.warmup else ""
     parts = [
         f"step {interval.step_time_s:.4g} s (max {interval.max_step_time_s:.4g})",
         f"{metrics['tokens_per_s']:,.0f} tok/s",
@@ -474,6 +507,7 @@ def step_rows(steps: torch.Tensor, stats: RunStats, run_id: str) -> list[dict[st
         "step": ranks[0].step,
         "run_id": run_id,
         "warmup": stats.is_warmup(ranks[0].step),
+        "profiled": stats.is_excluded(ranks[0].step),
         "step_time_s": max(r.step_s for r in ranks),
         "ranks": [{name: getattr(r, name) for name in StepTimes.VALUES} for r in ranks],
     } for ranks in zip(*per_rank, strict=True)]

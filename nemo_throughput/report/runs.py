@@ -396,25 +396,31 @@ def read_steps_jsonl(jsonl: Path) -> tuple[list[tuple[int, float]], list[str]]:
 
     The writer ends every line with a newline and flushes each interval, so a run that stopped
     while writing leaves at most its last line cut: that line is left out with a note. Any other
-    bad line is an error: an average over it would be silently wrong.
+    bad line is an error: an average over it would be silently wrong. Steps of a profile window
+    (``"profiled": true``) ran under the profiler: they are left out, with a note.
     """
     try:
         text = jsonl.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ReportError(f"{jsonl}: cannot read it ({error})") from error
     *lines, tail = text.split("\n")  # tail: what follows the last newline, "" when the file is whole
-    steps = [_jsonl_step(jsonl, number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    if not tail.strip():
-        return steps, []
-    try:
-        json.loads(tail)
-    except (ValueError, RecursionError):
-        return steps, [f"{jsonl}: its last line is incomplete (cut off while being written?); left out, "
-                       f"{len(steps)} steps read"]
-    return steps + [_jsonl_step(jsonl, len(lines) + 1, tail)], []  # whole, only its newline missing
+    rows = [_jsonl_step(jsonl, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    notes = []
+    if tail.strip():
+        try:
+            json.loads(tail)
+            rows.append(_jsonl_step(jsonl, len(lines) + 1, tail))  # whole, only its newline missing
+        except (ValueError, RecursionError):
+            notes.append(f"{jsonl}: its last line is incomplete (cut off while being written?); left out, "
+                         f"{len(rows)} steps read")
+    profiled = [step for step, _, was_profiled in rows if was_profiled]
+    if profiled:
+        notes.append(f"{jsonl}: steps {profiled[0]}-{profiled[-1]} ran under the profiler (profile_steps); "
+                     "left out")
+    return [(step, time_s) for step, time_s, was_profiled in rows if not was_profiled], notes
 
 
-def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float]:
+def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float, bool]:
     where = f"{jsonl}: line {number}"
     try:
         row = json.loads(line)
@@ -423,7 +429,10 @@ def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float]:
     if not isinstance(row, dict):
         raise ReportError(f"{where}: not a JSON object: {shown(line)}")
     fields = Fields(where, row)
-    return fields.count("step"), fields.positive("step_time_s")
+    profiled = row.get("profiled", False)
+    if not isinstance(profiled, bool):
+        raise fields.error("profiled", profiled, "it must be true or false")
+    return fields.count("step"), fields.positive("step_time_s"), profiled
 
 
 def _in_step_order(steps: list[tuple[int, float]], where: str) -> list[tuple[int, float]]:

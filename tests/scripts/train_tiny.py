@@ -52,6 +52,9 @@ def main():
     parser.add_argument("--slow-s", type=float, default=0.0)
     parser.add_argument("--fail-at", type=int, default=0)
     parser.add_argument("--per-step-jsonl", action="store_true")
+    parser.add_argument("--profile-steps", type=int, nargs=2, default=None, metavar=("FIRST", "LAST"))
+    parser.add_argument("--trace-rank", type=int, action="append", default=None)
+    parser.add_argument("--probe", action="store_true")
     parser.add_argument("--no-callback", action="store_true", help="train without ThroughputCallback")
     parser.add_argument("--process-group-timeout-s", type=float, default=None,
                         help="DDPStrategy(timeout=...): how long a collective may wait for the other ranks")
@@ -59,7 +62,9 @@ def main():
 
     cfg = tiny_gpt_cfg(global_batch_size=2 * args.devices)
     callback = ThroughputCallback(log_every_n_steps=args.log_every, warmup_steps=args.warmup,
-                                  output_dir=args.output_dir, per_step_jsonl=args.per_step_jsonl)
+                                  output_dir=args.output_dir, per_step_jsonl=args.per_step_jsonl,
+                                  profile_steps=args.profile_steps, profile_trace_ranks=args.trace_rank,
+                                  probe=args.probe)
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy(args),
                          max_steps=args.steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,

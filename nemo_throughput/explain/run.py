@@ -1,0 +1,100 @@
+"""What the callback collects to explain its numbers, in one place: the start-up probe, the
+per-rank telemetry sampled on log steps, the profiled window and the network facts.
+
+Per-rank values travel to rank 0 as one fixed-length vector per rank appended to each log
+step's all-gather (``Exchange(extras_width=...)``), so explaining adds no collective to training:
+
+    [sample step, telemetry FIELDS..., profile window FIELDS...]     (NaN: unknown)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+import torch
+
+from nemo_throughput.config import ThroughputConfig
+from nemo_throughput.explain.network import network_section
+from nemo_throughput.explain.probe import run_probe
+from nemo_throughput.explain.profiler import ProfileWindow, communication_section
+from nemo_throughput.explain.telemetry import DeviceTelemetry, TelemetryStats
+
+log = logging.getLogger(__name__)
+
+TRACES_DIR = "traces"
+
+
+class RunExplanation:
+    """Owned by the callback on every rank; rank 0 also turns what arrives into summary sections."""
+
+    def __init__(self, config: ThroughputConfig, device: torch.device, rank: int, places: list[dict[str, Any]],
+                 output_dir: str, rank_records: list[dict[str, Any]], backend: str | None) -> None:
+        self.places = places
+        self.probe = run_probe(device=device) if config.probe else None  # a collective: every rank runs it
+        self._rank_records, self._backend = rank_records, backend
+        self.network = network_section(rank_records, backend)
+        self.telemetry = DeviceTelemetry(device) if config.telemetry else None
+        self._telemetry_stats = TelemetryStats(places, self.telemetry.sources()) if self.telemetry else None
+        self.window: ProfileWindow | None = None
+        self._window_steps, self._window_mode = config.profile_steps, config.profile_mode
+        self._traces: list[str] = []
+        self._communication: dict[str, Any] | None = None
+        if config.profile_steps is not None:
+            trace = None
+            if rank in config.profile_trace_ranks:
+                trace = os.path.join(TRACES_DIR, f"rank{rank}.json")
+                os.makedirs(os.path.join(output_dir, TRACES_DIR), exist_ok=True)
+            # Every rank knows which ranks write traces: the list in the summary needs no exchange.
+            self._traces = [os.path.join(TRACES_DIR, f"rank{r}.json") for r in config.profile_trace_ranks
+                            if r < len(places)]
+            self.window = ProfileWindow(*config.profile_steps, mode=config.profile_mode, device=device,
+                                        trace_path=os.path.join(output_dir, trace) if trace else None)
+        self._telemetry_width = len(DeviceTelemetry.FIELDS) if self.telemetry else 0
+        self._window_width = len(ProfileWindow.FIELDS) if self.window else 0
+
+    @property
+    def width(self) -> int:
+        """Length of the per-rank vector each log step's all-gather carries."""
+        return 1 + self._telemetry_width + self._window_width
+
+    def close(self) -> None:
+        """End a profile window that training left early (it waits for the device)."""
+        if self.window is not None:
+            self.window.close()
+
+    def sample(self, step: int) -> list[float]:
+        """This rank's vector at log step ``step``: host-side reads only, no device sync."""
+        values = [float(step)]
+        if self.telemetry:
+            values += self.telemetry.sample()
+        if self.window:
+            values += self.window.result() or [math.nan] * self._window_width
+        return values
+
+    def absorb(self, extras: torch.Tensor, measured: bool) -> None:
+        """Take every rank's vector ``[ranks, width]`` (rank 0 builds the sections from it)."""
+        if extras.shape[1] != self.width or bool(extras[:, 0].isnan().any()):
+            return  # not sent (a final exchange that did not complete)
+        step = int(extras[0, 0])
+        telemetry = extras[:, 1:1 + self._telemetry_width]
+        window = extras[:, 1 + self._telemetry_width:]
+        if self._telemetry_stats is not None:
+            self._telemetry_stats.add(telemetry, step=step, measured=measured)
+        if self.window is not None and self._communication is None and not bool(window[:, 0].isnan().all()):
+            self._communication = communication_section(window, self.places, self._window_steps,
+                                                        self._window_mode, self._traces)
+
+    def sections(self, tokens_per_step: int | None, final: bool = False) -> dict[str, Any]:
+        """The summary's explaining sections, as of what rank 0 has absorbed. ``final`` reads the
+        network again: NCCL writes which transport it chose at the first collectives, not at set-up."""
+        if final:
+            self.network = network_section(self._rank_records, self._backend)
+        return {
+            "telemetry": self._telemetry_stats.section(tokens_per_step) if self._telemetry_stats else None,
+            "communication": self._communication,
+            "network": self.network,
+            "probe": self.probe,
+        }
