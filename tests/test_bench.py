@@ -1,51 +1,142 @@
 """`nemo-throughput bench` runs every condition and reports every field (timings are its output,
-never asserted here: these machines are shared)."""
+never asserted here: these machines are shared); its arithmetic and arguments, checked exactly."""
 
 import json
+import math
 
 import pytest
+import torch
 
 from conftest import nemo_throughput_cli
+from nemo_throughput.bench import (
+    SIZES,
+    Condition,
+    _model_cfg,
+    paired_overhead_pct,
+    resolve_device,
+    t_quantile_975,
+)
 
-pytestmark = pytest.mark.slow
-
-FIELDS = {"name", "skipped", "median_step_time_s", "step_times_s", "spread_pct", "overhead_pct",
-          "measured_step_time_s", "error_pct", "hook_us_per_step", "hook_share_pct", "hook_us_per_non_log_step",
-          "hook_us_per_log_step", "device_syncs_per_non_log_step"}
+FIELDS = {"name", "skipped", "median_step_time_s", "step_times_s", "spread_pct", "overhead_pct", "overhead_mean_pct",
+          "overhead_ci95_pct", "measured_step_time_s", "error_pct", "hook_us_per_step", "hook_share_pct",
+          "hook_us_per_non_log_step", "hook_us_per_log_step", "device_syncs_per_non_log_step",
+          "hook_syncs_per_log_step", "hook_syncs_per_step", "syncs_per_step"}
+SYNC_FIELDS = ("device_syncs_per_non_log_step", "hook_syncs_per_log_step", "hook_syncs_per_step", "syncs_per_step")
 
 
 def bench(*args, cwd):
     return nemo_throughput_cli("bench", *args, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_bench_reports_every_field_for_every_condition(tmp_path):
-    result = bench("--steps", "12", "--window", "4:12", "--rounds", "2", "--format", "json", cwd=tmp_path)
+    output = tmp_path / "bench.json"
+    result = bench("--steps", "12", "--window", "4:12", "--rounds", "2", "--format", "json", "--output", output,
+                   cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
+    assert json.loads(output.read_text()) == report
     assert report["window"] == [4, 12] and report["rounds"] == 2 and report["model"] == "cpu"
+    assert report["device_info"] is None and report["sync_counting"] is None  # CPU: nothing to synchronize
     conditions = {c["name"]: c for c in report["conditions"]}
     assert list(conditions) == ["no-callback", "nemo-throughput", "nemo-throughput-debug",
                                 "lightning-throughput-monitor", "nemo-timing-callback"]
     for name, condition in conditions.items():
         assert set(condition) == FIELDS, name
+        assert all(condition[field] is None for field in SYNC_FIELDS), name
     assert conditions["nemo-timing-callback"]["skipped"] == "NeMo is not installed"
     for name in ("no-callback", "nemo-throughput", "nemo-throughput-debug", "lightning-throughput-monitor"):
         condition = conditions[name]
         assert condition["skipped"] is None and len(condition["step_times_s"]) == 2
         assert condition["median_step_time_s"] > 0 and condition["spread_pct"] >= 0
-    assert conditions["no-callback"]["overhead_pct"] == 0 and conditions["no-callback"]["measured_step_time_s"] is None
+        low, high = condition["overhead_ci95_pct"]  # two rounds: an interval around the mean
+        assert low <= condition["overhead_mean_pct"] <= high
+    baseline = conditions["no-callback"]
+    assert baseline["overhead_pct"] == 0 and baseline["overhead_mean_pct"] == 0
+    assert baseline["overhead_ci95_pct"] == [0, 0] and baseline["measured_step_time_s"] is None
+    assert baseline["hook_us_per_step"] is None  # no tool, no hooks
     for name in ("nemo-throughput", "nemo-throughput-debug", "lightning-throughput-monitor"):
         assert conditions[name]["measured_step_time_s"] > 0 and conditions[name]["error_pct"] is not None
+        assert conditions[name]["hook_us_per_step"] > 0  # every tool's own hooks are timed
     ours = conditions["nemo-throughput"]
     assert ours["hook_us_per_non_log_step"] > 0 and ours["hook_us_per_log_step"] > 0 and ours["hook_share_pct"] > 0
-    assert ours["device_syncs_per_non_log_step"] is None  # counted on CUDA only
     assert conditions["nemo-throughput-debug"]["hook_us_per_non_log_step"] is None  # every step logs
+    assert conditions["lightning-throughput-monitor"]["hook_us_per_non_log_step"] is None  # ours only
 
 
+@pytest.mark.slow
 def test_bench_table_and_bad_arguments(tmp_path):
     result = bench("--steps", "6", "--window", "2:6", "--rounds", "1", "--conditions", "no-callback,nemo-throughput",
-                   cwd=tmp_path)
+                   "--device", "cpu", "--micro-batch-size", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "nemo-throughput" in result.stdout and "overhead" in result.stdout
+    assert "nemo-throughput" in result.stdout and "overhead" in result.stdout and "95% CI" in result.stdout
+    assert "micro-batch 2" in result.stdout
     bad = bench("--steps", "6", "--window", "5:9", cwd=tmp_path)
     assert bad.returncode == 2 and "the window 5:9 must lie inside the 6 steps" in bad.stderr
+
+
+def test_bench_refuses_what_it_cannot_run(tmp_path):
+    no_batch = bench("--micro-batch-size", "0", "--steps", "4", cwd=tmp_path)
+    assert no_batch.returncode == 2 and "micro-batch size must be at least 1, got 0" in no_batch.stderr
+    if not torch.cuda.is_available():
+        no_gpu = bench("--device", "cuda", cwd=tmp_path)
+        assert no_gpu.returncode == 2 and "--device cuda, but torch" in no_gpu.stderr and "sees no CUDA GPU" in \
+            no_gpu.stderr
+    unknown = bench("--device", "tpu", cwd=tmp_path)
+    assert unknown.returncode == 2 and "invalid choice: 'tpu'" in unknown.stderr
+
+
+def test_device_resolution():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto") == expected and resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'; choose one of \['auto', 'cpu', 'cuda'\]"):
+        resolve_device("tpu")
+
+
+def test_model_sizes_and_micro_batch_override():
+    cfg = _model_cfg("gpt3-2.7b")
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.ffn_hidden_size, cfg.encoder_seq_length,
+            cfg.micro_batch_size, cfg.global_batch_size, cfg.tokenizer.vocab_size) == (32, 2560, 32, 10240, 2048, 2, 2,
+                                                                                      50257)
+    assert _model_cfg("gpt3-126m", micro_batch_size=4).global_batch_size == 4  # one device, no accumulation
+    assert SIZES["gpt3-126m"]["micro_batch_size"] == 8  # the override is a copy
+    with pytest.raises(ValueError, match="unknown size 'gpt3-175b'"):
+        _model_cfg("gpt3-175b")
+
+
+def test_t_quantiles():
+    assert t_quantile_975(1) == 12.706 and t_quantile_975(4) == 2.776 and t_quantile_975(30) == 2.042
+    assert t_quantile_975(40) == 2.021 and t_quantile_975(100) == 1.980 and t_quantile_975(10_000) == 1.960
+    with pytest.raises(ValueError, match="at least 1"):
+        t_quantile_975(0)
+
+
+def test_paired_overhead_mean_and_confidence_interval():
+    # per round: +1 %, +2 %, 0 %: mean 1, sample sd 1, half-width t(2) / sqrt(3) = 4.303 / 1.732
+    overhead = paired_overhead_pct([1.01, 0.51, 2.0], [1.0, 0.5, 2.0])
+    assert overhead["per_round"] == pytest.approx([1.0, 2.0, 0.0])
+    assert overhead["mean"] == pytest.approx(1.0)
+    half = 4.303 / math.sqrt(3)
+    assert overhead["ci95"] == pytest.approx([1.0 - half, 1.0 + half])
+    assert paired_overhead_pct([1.1], [1.0]) == {"per_round": pytest.approx([10.0]), "mean": pytest.approx(10.0),
+                                                 "ci95": None}
+    assert paired_overhead_pct([], []) is None
+    with pytest.raises(ValueError, match="2 rounds against 3 baseline rounds"):
+        paired_overhead_pct([1.0, 1.0], [1.0, 1.0, 1.0])
+
+
+def test_condition_result_pairs_rounds_with_the_baseline():
+    baseline = Condition("no-callback", step_times_s=[0.100, 0.200, 0.100])
+    ours = Condition("nemo-throughput", step_times_s=[0.101, 0.200, 0.102], measured_s=[0.1005, 0.2, 0.1],
+                     hook_us_mean=[10.0, 30.0, 20.0], syncs_non_log=[0, 0], hook_syncs_mean=[0.1],
+                     step_syncs_mean=[1.0, 2.0])
+    result = ours.result(baseline)
+    assert result["overhead_pct"] == pytest.approx(100 * (0.102 / 0.1 - 1))  # medians: 0.102 vs 0.1
+    assert result["overhead_mean_pct"] == pytest.approx((1.0 + 0.0 + 2.0) / 3)
+    assert result["overhead_ci95_pct"][0] < result["overhead_mean_pct"] < result["overhead_ci95_pct"][1]
+    assert result["hook_us_per_step"] == 20.0 and result["hook_share_pct"] == pytest.approx(100 * 20e-6 / 0.102)
+    assert result["device_syncs_per_non_log_step"] == 0 and result["hook_syncs_per_step"] == 0.1
+    assert result["syncs_per_step"] == 1.5
+    skipped_rounds = Condition("lightning-throughput-monitor", step_times_s=[0.1, 0.1])  # rounds do not pair up
+    assert skipped_rounds.result(baseline)["overhead_mean_pct"] is None
+    assert Condition("nemo-throughput").result(None)["overhead_pct"] is None
