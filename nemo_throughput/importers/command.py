@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
+from nemo_throughput.importers import mlperf
 from nemo_throughput.importers.logs import FORMATS, Imported, import_run
 from nemo_throughput.presets import PRESETS, preset
 from nemo_throughput.report.runs import ReportError, Window
@@ -19,14 +20,16 @@ from nemo_throughput.summary import write_json_atomic
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports = commands.add_parser(
-        "import", help="summaries from NeMo / Megatron-LM logs or TensorBoard event files of runs without the plugin",
+        "import", help="summaries from NeMo / Megatron-LM logs, TensorBoard event files or MLPerf result files "
+                       "of runs without the plugin",
         description="Writes <output-dir>/<name>/summary.json per input, from the step times the log holds and "
                     "the facts it lacks, given here. <name> is the input's file name, with as many parent "
                     "directories as it takes to tell the inputs apart.")
     imports.set_defaults(handler=run_import)
     imports.add_argument("logs", nargs="+", type=Path, help="log files, event files or directories of them")
     imports.add_argument("--format", choices=("auto", *FORMATS), default="auto")
-    imports.add_argument("--label", required=True, help="run.label, e.g. bare-metal or kubernetes")
+    imports.add_argument("--label", help="run.label, e.g. bare-metal or kubernetes (required; with --format mlperf "
+                                         "the default is the log's system name)")
     model = imports.add_mutually_exclusive_group()
     model.add_argument("--model", help=f"size preset: {', '.join(PRESETS)}")
     model.add_argument("--model-spec", help='ModelSpec fields as JSON, e.g. \'{"num_layers": 12, ...}\'')
@@ -35,8 +38,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports.add_argument("--model-name", help="model.name (default: the preset, or one from the parameter count)")
     imports.add_argument("--global-batch-size", type=int, help="samples per step (checked against the log where it "
                                                                "states it)")
-    imports.add_argument("--seq-length", type=int, required=True)
-    imports.add_argument("--num-gpus", type=int, required=True)
+    imports.add_argument("--seq-length", type=int, help="required, except with --format mlperf")
+    imports.add_argument("--num-gpus", type=int, help="required, except with --format mlperf (there: only for logs "
+                                                      "that do not state their accelerators)")
     imports.add_argument("--gpus-per-node", type=int, default=8, help="to count the nodes (default 8)")
     imports.add_argument("--rank", help="the rank to read where several print (srun --label / torchrun prefix "
                                         "number, e.g. 0 or 1/7; default: the lowest)")
@@ -50,11 +54,16 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports.add_argument("--flops-formula", choices=FORMULAS, default="megatron")
     imports.add_argument("--orchestrator", help="where it ran (slurm, kubernetes, ...), for the record")
     imports.add_argument("--output-dir", type=Path, default=Path("imported"))
+    imports.add_argument("--ruleset", help="--format mlperf: the MLPerf Training ruleset to check compliance "
+                                           "against, e.g. 4.0.0 (default: the newest the log complies with)")
 
 
 def run_import(args: argparse.Namespace) -> int:
+    if args.format == mlperf.NAME:
+        return mlperf.run_import_command(args)
     current = "arguments"
     try:
+        _require(args, "label", "seq_length", "num_gpus")
         spec, model_name = _model(args)
         _check_arguments(args)
         window = Window.parse(args.window) if args.window else None
@@ -146,6 +155,12 @@ def _model(args: argparse.Namespace) -> tuple[ModelSpec | None, str]:
     if args.flops_per_sample is None:
         raise ReportError("give the model: --model, --model-spec, or --flops-per-sample as published")
     return None, args.model_name or "unknown"
+
+
+def _require(args: argparse.Namespace, *names: str) -> None:
+    missing = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) is None]
+    if missing:
+        raise ReportError(f"give {', '.join(missing)} (only --format mlperf reads them from the log)")
 
 
 def _check_arguments(args: argparse.Namespace) -> None:

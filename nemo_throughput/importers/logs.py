@@ -33,7 +33,7 @@ from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
 from nemo_throughput.timing import StepTimes
 
 TEXT_FORMATS: dict[str, ModuleType] = {nemo.NAME: nemo, megatron.NAME: megatron}
-FORMATS = (*TEXT_FORMATS, tensorboard.NAME)
+FORMATS = (*TEXT_FORMATS, tensorboard.NAME, "mlperf")  # mlperf: importers.mlperf, its own command path
 NEMO_TAG = nemo.TAG
 MAX_LISTED = 20  # steps named in messages and in timing.excluded_step_times
 

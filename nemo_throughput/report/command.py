@@ -12,9 +12,10 @@ import math
 import sys
 from pathlib import Path
 
-from nemo_throughput.report.runs import IncompleteRun, ReportError, Run, Window, find_summaries, load_run
+from nemo_throughput.report.runs import (IncompleteRun, ReportError, Run, TrainingRun, Window, find_summaries,
+                                         load_run, load_training_run)
 from nemo_throughput.report.safe_text import printable
-from nemo_throughput.report.tables import Report, build_report, render
+from nemo_throughput.report.tables import Report, build_report, build_time_to_train, render
 
 REPORTED, SOME_EXCLUDED, NOTHING_REPORTED = 0, 1, 2
 
@@ -25,7 +26,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         description="Groups runs by label (or --group-by network), model and node count; repeats give mean and "
                     "standard deviation (shown as mean ± 2σ). Where the summaries explain their numbers, columns "
                     "for communication, memory, clocks, power, energy, probe bandwidth and the slowest rank, and "
-                    "tables of where the step time goes and of the fabric probe follow. Unusable summaries are "
+                    "tables of where the step time goes and of the fabric probe follow. Runs imported with "
+                    "--format mlperf get a time-to-train table: olympic average as MLPerf scores it, mean ± 2σ, "
+                    "speedup and scaling efficiency across GPU counts. Unusable summaries are "
                     "listed on stderr and left out. Exit status: 0 all reported, 1 some summaries excluded, 2 "
                     "nothing reported.")
     report.set_defaults(handler=run_report)
@@ -64,14 +67,22 @@ def run_report(args: argparse.Namespace) -> int:
         paths, problems = find_summaries(args.summaries)
         _require_not_an_input(args.output, paths)
         _require_not_an_input(breakdown_path(args.plot) if args.plot else None, paths, "--plot's breakdown image")
-        runs, rejected = _load_runs(paths, problems, window)
-        if not runs:
+        runs, training, rejected = _load_runs(paths, problems, window)
+        if not runs and not training:
             raise ReportError("no run left to report on")
-        report = build_report(runs, tokens=args.tokens, baseline=args.baseline, group_by=args.group_by)
+        report = (build_report(runs, tokens=args.tokens, baseline=args.baseline, group_by=args.group_by) if runs
+                  else Report([], [], args.tokens, args.baseline, group_by=args.group_by))
+        report.time_to_train = build_time_to_train(training)
         for note in report.notes:
             say(f"note: {note}")
+        for group in report.time_to_train:
+            for note in group.notes:
+                say(f"note: {group.benchmark} on {group.label}, {group.num_gpus} GPUs: {note}")
         text = render(report, args.format)
-        if args.plot:
+        if args.plot and not report.groups:
+            say("note: --plot draws tokens/s and MFU of throughput runs; these summaries are time-to-train runs "
+                "only, so no plot was written")
+        elif args.plot:
             _plot(report, args.plot)
         _write(text, args.output)
     except ReportError as error:
@@ -79,19 +90,26 @@ def run_report(args: argparse.Namespace) -> int:
         return NOTHING_REPORTED
     if rejected:
         say(f"nemo-throughput report: {rejected} of {len(paths) + len(problems)} summaries were excluded as "
-            f"unusable (listed above); the report covers the other {len(runs)}")
+            f"unusable (listed above); the report covers the other {len(runs) + len(training)}")
         return SOME_EXCLUDED
     return REPORTED
 
 
-def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | None) -> tuple[list[Run], int]:
-    """The runs that can be reported; each that cannot is listed on stderr. Returns them and how
-    many inputs were unusable (runs that did not complete are left out, but are not unusable)."""
-    runs, rejected = [], len(problems)
+def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | None
+               ) -> tuple[list[Run], list[TrainingRun], int]:
+    """The runs that can be reported, and the time-to-train runs (imported MLPerf results: aborted
+    or failing ones too, since MLPerf scoring counts them as dropped); each input that cannot be
+    used is listed on stderr. Also returns how many were unusable (runs that did not complete are
+    left out, but are not unusable)."""
+    runs, training, rejected = [], [], len(problems)
     for problem in problems:
         say(f"excluded: {problem}")
     for path in paths:
         try:
+            training_run = load_training_run(path)
+            if training_run is not None:
+                training.append(training_run)
+                continue
             run = load_run(path, window)
         except IncompleteRun as note:
             say(f"excluded: {note}")
@@ -103,7 +121,7 @@ def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | 
         for note in run.notes:
             say(f"note: {note}")
         runs.append(run)
-    return runs, rejected
+    return runs, training, rejected
 
 
 def _plot(report: Report, path: Path) -> None:

@@ -483,3 +483,44 @@ def find_summaries(paths: list[str]) -> tuple[list[Path], list[ReportError]]:
 
 def _step_range(steps: list[tuple[int, float]]) -> str:
     return f"it has steps {steps[0][0]} to {steps[-1][0]}" if steps else "it has no steps"
+
+
+@dataclass
+class TrainingRun:
+    """One MLPerf-style run: time to train from run_start to run_stop (summaries with a time_to_train section)."""
+
+    path: Path
+    benchmark: str
+    label: str
+    num_gpus: int
+    num_nodes: int
+    minutes: float | None  # None: no run_start / run_stop
+    converged: bool  # run_stop status success
+    compliant: bool  # passed mlperf-logging's compliance check
+    required_runs: int | None  # result files a submission needs for the benchmark
+    scaling_factor: float  # from scaling.json beside the result file, 1.0 without one
+    source: str  # the result file it was imported from
+
+    @property
+    def counted(self) -> bool:
+        """Scored as result_summarizer scores it: compliant, with both ends; and converged."""
+        return self.compliant and self.converged and self.minutes is not None
+
+
+def load_training_run(path: Path) -> TrainingRun | None:
+    """The summary's time-to-train run, or None when it has no time_to_train section."""
+    summary = _read(path)
+    if not isinstance(summary.get("time_to_train"), dict):
+        return None
+    fields = Fields(str(path), summary)
+    minutes = fields.optional_number("time_to_train.minutes")
+    required = fields.optional("time_to_train.required_runs")
+    factor = fields.optional_number("time_to_train.scaling_factor")
+    return TrainingRun(
+        path=path, benchmark=fields.text("time_to_train.benchmark"), label=fields.text("run.label"),
+        num_gpus=fields.count("hardware.num_gpus"), num_nodes=fields.count("hardware.num_nodes"),
+        minutes=minutes, converged=fields.optional("time_to_train.converged") is True,
+        compliant=fields.optional("time_to_train.compliant") is True,
+        required_runs=required if is_count(required) else None,
+        scaling_factor=factor if factor is not None else 1.0,
+        source=fields.optional_text("environment.imported_from") or str(path))

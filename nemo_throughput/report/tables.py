@@ -111,6 +111,7 @@ class Report:
     shown: tuple[str, ...] = ()  # the fields of COLUMN_FAMILIES some configuration has, in their order
     step_time: bool = False  # whether the summaries say where the step time goes
     notes: list[str] = field(default_factory=list)  # for stderr, e.g. repeats that differ in network
+    time_to_train: list[TrainGroup] = field(default_factory=list)  # MLPerf-style runs (imported result logs)
 
     @property
     def probe_rows(self) -> list[tuple[str, int]]:
@@ -136,6 +137,8 @@ class Report:
             data["step_time"] = step_time_records(self)
         if self.probe_rows:
             data["probe"] = probe_records(self)
+        if self.time_to_train:
+            data["time_to_train"] = time_to_train_records(self.time_to_train)
         return data
 
 
@@ -514,12 +517,12 @@ def render(report: Report, fmt: str) -> str:
     if fmt == "csv":
         return _render_csv(report)
     table = _markdown_table if fmt == "markdown" else _text_table
-    parts = [table(*_group_rows(report))]
+    parts = [table(*_group_rows(report))] if report.groups or not report.time_to_train else []
     if report.comparisons:
         parts += [table(*_comparison_rows(report)), DIFF_SIGN]
     elif report.baseline:
         parts.append(f"(no configuration has both {report.baseline!r} and another label to compare)")
-    else:
+    elif report.groups:
         labels = sorted({g.label for g in report.groups})
         if len(labels) > 1:
             parts.append(f"(compare labels with --baseline, one of {labels})")
@@ -527,6 +530,8 @@ def render(report: Report, fmt: str) -> str:
         parts += [STEP_TIME_TITLE, table(*_step_time_rows(report))]
     if report.probe_rows:
         parts += [PROBE_TITLE, table(*_probe_rows(report))]
+    if report.time_to_train:
+        parts += [TIME_TO_TRAIN_TITLE, table(*_time_to_train_rows(report.time_to_train))]
     return "\n\n".join(parts) + "\n"
 
 
@@ -570,6 +575,8 @@ def _render_csv(report: Report) -> str:
         sections.append((step_time_fields(report), step_time_records(report)))
     if report.probe_rows:
         sections.append((list(PROBE_FIELDS), probe_records(report)))
+    if report.time_to_train:
+        sections.append((TIME_TO_TRAIN_CSV_FIELDS, _time_to_train_csv(report.time_to_train)))
     for index, (fields, records) in enumerate(sections):
         if index:
             writer.writerow([])
@@ -577,3 +584,118 @@ def _render_csv(report: Report) -> str:
         for record in records:
             writer.writerow([csv_cell(record[f]) for f in fields])
     return out.getvalue()
+
+
+# --- Time to train, the MLPerf way (summaries imported with --format mlperf) ---------------------------------
+
+TIME_TO_TRAIN_TITLE = "Time to train (minutes, run_start to run_stop; olympic average as MLPerf scores it)"
+UNET3D_DROPPED = 4  # result_summarizer drops 4 from each end for unet3d (40 runs), 1 for the others
+
+
+@dataclass
+class TrainGroup:
+    """The repeats of one benchmark on one system (label) and accelerator count."""
+
+    benchmark: str
+    label: str
+    num_nodes: int
+    num_gpus: int
+    time_to_train_minutes: dict[str, Any]  # olympic, mean, two_sigma, runs, converged (and how they were scored)
+    speedup: float | None = None  # over the smallest accelerator count of the same benchmark and label
+    speedup_of: str | None = None  # "olympic" where both groups have one, else "mean"
+    scaling_efficiency: float | None = None  # speedup / accelerator-count ratio
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def olympic_average(minutes: list[float], dropped: int, max_dropped: int) -> float | None:
+    """result_summarizer's olympic average: the counted times sorted, ``max_dropped`` cut from the
+    fast end and ``max_dropped - dropped`` from the slow end (dropped runs count as the slowest);
+    None when none remain. The same arithmetic in the same order, so the digits agree."""
+    scores = sorted(minutes)
+    countable = scores[max_dropped:len(scores) - (max_dropped - dropped)]
+    if not countable:
+        return None
+    return sum(countable) * 1.0 / len(countable)
+
+
+def build_time_to_train(runs: list[Any]) -> list[TrainGroup]:
+    """TrainingRuns (report.runs) grouped by benchmark, label and accelerator count, scored."""
+    by_key: dict[tuple[str, str, int], list[Any]] = {}
+    for run in runs:
+        by_key.setdefault((run.benchmark, run.label, run.num_gpus), []).append(run)
+    groups = [_train_group(members) for _, members in sorted(by_key.items())]
+    _add_speedup(groups)
+    return groups
+
+
+def _train_group(members: list[Any]) -> TrainGroup:
+    first = members[0]
+    counted = [run.minutes for run in members if run.counted]
+    dropped = len(members) - len(counted)
+    max_dropped = UNET3D_DROPPED if first.benchmark == "unet3d" else 1
+    required = first.required_runs
+    factors = sorted({run.scaling_factor for run in members})
+    notes = []
+    olympic = None
+    if len(factors) > 1:
+        notes.append(f"runs hold different scaling.json factors {factors}: olympic average not scored")
+    elif required is not None and len(members) < required:
+        notes.append(f"{len(members)} of the {required} runs {first.benchmark} needs: olympic average not scored")
+    elif dropped > max_dropped:
+        notes.append(f"{dropped} runs dropped (not compliant or not converged), more than the {max_dropped} "
+                     "allowed: olympic average not scored")
+    else:
+        score = olympic_average(counted, dropped, max_dropped)
+        olympic = score * factors[0] if score is not None else None
+    mean = statistics.fmean(counted) if counted else None
+    summary = {
+        "olympic": olympic, "mean": mean,
+        "two_sigma": 2 * statistics.stdev(counted) if len(counted) > 1 else (0.0 if counted else None),
+        "runs": len(members), "converged": sum(run.converged for run in members),
+        "compliant": sum(run.compliant for run in members), "dropped": dropped, "required_runs": required,
+        "scaling_factor": factors[0] if len(factors) == 1 else None,
+    }
+    return TrainGroup(first.benchmark, first.label, first.num_nodes, first.num_gpus, summary,
+                      files=sorted(run.source for run in members), notes=notes)
+
+
+def _add_speedup(groups: list[TrainGroup]) -> None:
+    """Speedup and scaling efficiency over the smallest accelerator count of the same benchmark and label."""
+    for group in groups:
+        base = min((g for g in groups if (g.benchmark, g.label) == (group.benchmark, group.label)),
+                   key=attrgetter("num_gpus"))
+        basis = "olympic" if base.time_to_train_minutes["olympic"] and group.time_to_train_minutes["olympic"] \
+            else "mean"
+        before, after = base.time_to_train_minutes[basis], group.time_to_train_minutes[basis]
+        if before and after:
+            group.speedup, group.speedup_of = before / after, basis
+            group.scaling_efficiency = group.speedup / (group.num_gpus / base.num_gpus)
+
+
+def time_to_train_records(groups: list[TrainGroup]) -> list[dict[str, Any]]:
+    return [{name: getattr(g, name) for name in TrainGroup.__dataclass_fields__ if name != "notes"} for g in groups]
+
+
+def _time_to_train_rows(groups: list[TrainGroup]) -> tuple[list[str], list[list[str]], set[int]]:
+    header = ["benchmark", "label", "nodes", "GPUs", "runs", "converged", "olympic min", "mean min", "± 2σ min",
+              "speedup", "scaling eff"]
+    rows = []
+    for g in groups:
+        t = g.time_to_train_minutes
+        rows.append([g.benchmark, g.label, str(g.num_nodes), str(g.num_gpus), str(t["runs"]), str(t["converged"]),
+                     _number(t["olympic"], ".2f"), _number(t["mean"], ".2f"), _number(t["two_sigma"], ".2f"),
+                     _number(g.speedup, ".2f") + ("x" if g.speedup else ""), _percent(g.scaling_efficiency)])
+    return header, rows, set(range(2, len(header)))
+
+
+TIME_TO_TRAIN_CSV_FIELDS = ["benchmark", "label", "num_nodes", "num_gpus", "runs", "converged", "olympic_min",
+                            "mean_min", "two_sigma_min", "speedup", "scaling_efficiency"]
+
+
+def _time_to_train_csv(groups: list[TrainGroup]) -> list[dict[str, Any]]:
+    return [{"benchmark": g.benchmark, "label": g.label, "num_nodes": g.num_nodes, "num_gpus": g.num_gpus,
+             "runs": g.time_to_train_minutes["runs"], "converged": g.time_to_train_minutes["converged"],
+             "olympic_min": g.time_to_train_minutes["olympic"], "mean_min": g.time_to_train_minutes["mean"],
+             "two_sigma_min": g.time_to_train_minutes["two_sigma"], "speedup": g.speedup,
+             "scaling_efficiency": g.scaling_efficiency} for g in groups]
