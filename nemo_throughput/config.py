@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from nemo_throughput.flops import FORMULAS, ModelSpec, require_positive_int
+from nemo_throughput.flops import FLOPS_FORMULAS, FORMULAS, MEASURED, ModelSpec, require_positive_int
 from nemo_throughput.hardware import DTYPES, check_dtype
+from nemo_throughput.target import checked_target
+from nemo_throughput.throughput import RATES
 
 
 @dataclass
@@ -27,8 +29,9 @@ class ThroughputConfig:
     run_label: str | None = None  # free label such as "bare-metal"; default: the orchestrator
     model_name: str | None = None  # default: derived from the parameter count, e.g. "gpt-126m"
     model_spec: Mapping[str, Any] | None = None  # ModelSpec fields; override those read from the model
-    flops_formula: str = "megatron"  # "megatron" or "dgxc"
+    flops_formula: str = "megatron"  # "megatron", "dgxc", or "measured" (counted on the first step)
     flops_per_sample: float | None = None  # given instead of computed (recorded as flops_formula "user")
+    rate: str = "auto"  # primary rate: "tokens", "samples", or "auto" (tokens when seq_length is known)
     global_batch_size: int | None = None
     micro_batch_size: int | None = None
     seq_length: int | None = None
@@ -41,11 +44,16 @@ class ThroughputConfig:
     profile_mode: str = "torch"  # "torch": torch.profiler breakdown; "nsys": cudaProfilerStart/Stop + NVTX ranges
     profile_trace_ranks: tuple[int, ...] | None = None  # ranks that also write a chrome trace of the window
     probe: bool = False  # fabric probe (collectives' busbw, matmul TFLOP/s per rank) before training
+    # Time to target (MLPerf): {metric, value, mode: min|max, stop: false}; the clock runs from set-up
+    # until trainer.callback_metrics[metric] first reaches value
+    target: Mapping[str, Any] | None = None
+    mllog: bool = False  # also write MLPerf :::MLLOG lines (mlperf-logging's mllog); needs a target
 
     def __post_init__(self) -> None:
         # Every field is checked for its type too: Hydra hands `peak_tflops=abc` over as a string
         # and `run_label=123` as an int, and a wrong value must stop the run, naming the setting.
-        for name in ("output_dir", "run_name", "run_label", "model_name", "flops_formula", "dtype", "profile_mode"):
+        for name in ("output_dir", "run_name", "run_label", "model_name", "flops_formula", "dtype", "profile_mode",
+                     "rate"):
             _check_text(name, getattr(self, name))
         if self.output_dir is not None:
             self.output_dir = os.fspath(self.output_dir)
@@ -57,13 +65,18 @@ class ThroughputConfig:
             value = getattr(self, name)
             if value is not None:
                 require_positive_int(name, value, prefix="")
-        if self.flops_formula not in FORMULAS:
-            raise ValueError(f"Unknown flops_formula {self.flops_formula!r}; choose one of {list(FORMULAS)}")
+        if self.flops_formula not in FLOPS_FORMULAS:
+            raise ValueError(f"Unknown flops_formula {self.flops_formula!r}; choose one of {list(FORMULAS)} "
+                             f"(GPT formulas) or {MEASURED!r} (any model: counted on its first training step)")
         if self.dtype is not None:
             self.dtype = check_dtype(self.dtype)
         check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
         check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
-        for name in ("per_step_jsonl", "telemetry", "probe"):
+        self._check_measured()
+        if self.rate not in RATE_CHOICES:
+            raise ValueError(f"Unknown rate {self.rate!r}; choose one of {list(RATE_CHOICES)} (auto: tokens/s when "
+                             "seq_length is known, else samples/s)")
+        for name in ("per_step_jsonl", "telemetry", "probe", "mllog"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {value!r} ({type(value).__name__})")
@@ -72,6 +85,20 @@ class ThroughputConfig:
             raise ValueError(f"Unknown profile_mode {self.profile_mode!r}; choose one of {list(PROFILE_MODES)}")
         self.profile_trace_ranks = _checked_ranks(self.profile_trace_ranks)
         self.model_spec = _checked_model_spec(self.model_spec)
+        self.target = checked_target(self.target)
+        if self.mllog and self.target is None:
+            raise ValueError("mllog: true writes MLPerf's run_start/run_stop around a time to target: set target "
+                             "too, e.g. target={metric: val_loss, value: 2.5, mode: min}")
+
+    def _check_measured(self) -> None:
+        if self.flops_formula != MEASURED:
+            return
+        if self.flops_per_sample is not None:
+            raise ValueError("flops_per_sample and flops_formula: measured both say what a sample costs; "
+                             "give one of them.")
+        if self.warmup_steps < 1:
+            raise ValueError("flops_formula: measured counts the FLOPs of the first training step, which the "
+                             "counting slows down, so that step must be a warm-up step: set warmup_steps >= 1.")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ThroughputConfig:
@@ -87,7 +114,8 @@ class ThroughputConfig:
 
 
 PROFILE_MODES = ("torch", "nsys")
-_CHOICES = {"flops_formula": FORMULAS, "dtype": DTYPES, "profile_mode": PROFILE_MODES}
+RATE_CHOICES = ("auto", *RATES)
+_CHOICES = {"rate": RATE_CHOICES, "flops_formula": FLOPS_FORMULAS, "dtype": DTYPES, "profile_mode": PROFILE_MODES}
 
 
 def _not_int(value: Any) -> bool:

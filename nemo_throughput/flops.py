@@ -24,6 +24,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FORMULAS = ("megatron", "dgxc")
+MEASURED = "measured"  # not a formula: the FLOPs of one real training step, counted (measured_flops.py)
+FLOPS_FORMULAS = (*FORMULAS, MEASURED)  # the choices of the flops_formula setting
+# How each convention counts causal attention's s x s score matrix: Megatron halves it; DGX Cloud
+# and torch's FlopCounterMode (which counts scaled_dot_product_attention whatever its mask) do not.
+CAUSAL_ATTENTION = {"megatron": "half", "dgxc": "full", MEASURED: "full"}
 
 _TRAIN_PASSES = 3  # forward + backward data-gradient + backward weight-gradient GEMMs
 _FMA = 2  # one multiply-add = 2 floating-point operations

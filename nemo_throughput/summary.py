@@ -19,8 +19,8 @@ from typing import Any
 
 from nemo_throughput.aggregation import RunStats
 from nemo_throughput.config import check_positive_number
-from nemo_throughput.flops import FORMULAS, ModelSpec, require_positive_int
-from nemo_throughput.throughput import Workload
+from nemo_throughput.flops import CAUSAL_ATTENTION, FLOPS_FORMULAS, MEASURED, ModelSpec, require_positive_int
+from nemo_throughput.throughput import RATES, Workload
 from nemo_throughput.timing import PHASE_TIMES
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,11 @@ class RunFacts:
     label: str
     global_batch_size: int
     micro_batch_size: int | None
-    seq_length: int
+    seq_length: int | None  # None: samples are not token sequences, the rate is samples/s
     model_name: str
     model_spec: ModelSpec | None  # None when flops_per_sample was given and the shape is unknown
-    flops_formula: str  # a name of flops.FORMULAS, or USER_FLOPS when flops_per_sample was given
-    flops_per_sample: float | None
+    flops_formula: str  # a name of flops.FLOPS_FORMULAS, or USER_FLOPS when flops_per_sample was given
+    flops_per_sample: float | None  # None while a measured count is not known yet
     gpu_name: str
     num_gpus: int
     num_nodes: int
@@ -62,6 +62,9 @@ class RunFacts:
     run_id: str = field(default_factory=lambda: new_run_id())  # unique per run, also in each steps.jsonl row
     # {"path": "steps.jsonl", "complete": bool, "error": str | None} when per-step rows are written
     steps_jsonl: dict[str, Any] | None = None
+    # flops_formula "measured": this rank's counts of the counted step (MeasuredFlops.to_dict())
+    measured_flops: dict[str, Any] | None = None
+    rate: str = "tokens"  # the primary rate: a key of throughput.RATES
 
     def __post_init__(self) -> None:
         """Impossible values are refused here, naming them, whoever builds the facts (callback, import)."""
@@ -70,12 +73,16 @@ class RunFacts:
                 raise ValueError(f"run {name} must be a non-empty string, got {getattr(self, name)!r}")
         if not isinstance(self.label, str):
             raise ValueError(f"run label must be a string, got {self.label!r} ({type(self.label).__name__})")
-        for name in ("global_batch_size", "seq_length", "num_gpus", "num_nodes"):
+        for name in ("global_batch_size", "num_gpus", "num_nodes"):
             require_positive_int(name, getattr(self, name), prefix="")
-        if self.micro_batch_size is not None:
-            require_positive_int("micro_batch_size", self.micro_batch_size, prefix="")
-        if self.flops_formula not in (*FORMULAS, USER_FLOPS):
-            raise ValueError(f"flops_formula must be one of {[*FORMULAS, USER_FLOPS]}, got {self.flops_formula!r}")
+        for name in ("micro_batch_size", "seq_length"):
+            if getattr(self, name) is not None:
+                require_positive_int(name, getattr(self, name), prefix="")
+        if self.rate not in RATES or (self.rate == "tokens" and self.seq_length is None):
+            raise ValueError(f"rate must be one of {list(RATES)} (tokens only with a seq_length), got {self.rate!r}")
+        if self.flops_formula not in (*FLOPS_FORMULAS, USER_FLOPS):
+            raise ValueError(f"flops_formula must be one of {[*FLOPS_FORMULAS, USER_FLOPS]}, "
+                             f"got {self.flops_formula!r}")
         check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
         check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
 
@@ -95,9 +102,11 @@ class RunFacts:
 
 
 def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | None = None,
-                  explained: dict[str, Any] | None = None) -> dict[str, Any]:
+                  explained: dict[str, Any] | None = None,
+                  time_to_target: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary; ``explained`` adds the sections that explain the numbers (telemetry,
-    communication, network, probe: see nemo_throughput.explain), each None when not collected."""
+    communication, network, probe: see nemo_throughput.explain), each None when not collected;
+    ``time_to_target``: TimeToTarget.section() when a target is set."""
     if status not in STATUSES:
         raise ValueError(f"Unknown status {status!r}; expected one of {STATUSES}")
     straggler = stats.straggler()
@@ -128,7 +137,8 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "straggler": straggler,
             "breakdown_s": breakdown,
         },
-        "throughput": facts.workload.metrics(stats.mean_step_time_s()),
+        "throughput": {"primary": RATES[facts.rate], **facts.workload.metrics(stats.mean_step_time_s())},
+        "time_to_target": time_to_target,
         "batch": {
             "global_batch_size": facts.global_batch_size,
             "micro_batch_size": facts.micro_batch_size,
@@ -140,6 +150,8 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "flops_per_sample": facts.flops_per_sample,
             "flops_formula": facts.flops_formula,
             "spec": facts.spec_dict,
+            **({"measured_flops": facts.measured_flops} if facts.flops_formula == MEASURED else {}),
+            "mfu_convention": mfu_convention(facts),
         },
         "hardware": {
             "gpu_name": facts.gpu_name,
@@ -154,6 +166,19 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "settings": facts.settings,
         "files": {"steps_jsonl": dict(facts.steps_jsonl) if facts.steps_jsonl else None},
         **{name: None for name in EXPLAINED}, **(explained or {}),
+    }
+
+
+def mfu_convention(facts: RunFacts) -> dict[str, Any]:
+    """What an MFU figure of this run means: the FLOPs convention and the peak it is divided by.
+    ``causal_attention``: causal attention counted at the full or half s x s score matrix; None
+    when the FLOPs were given (the convention is the giver's)."""
+    return {
+        "formula": facts.flops_formula,
+        "causal_attention": CAUSAL_ATTENTION.get(facts.flops_formula),
+        "peak_tflops": facts.peak_tflops,
+        "peak_source": facts.peak_source,
+        "dtype": facts.dtype,
     }
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 SECONDS_PER_DAY = 86_400
 ONE_TRILLION = 1e12
+RATES = {"tokens": "tokens_per_s", "samples": "samples_per_s"}  # the rate setting -> throughput.primary
 METRICS = ("tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "model_tflops_per_gpu", "mfu",
            "days_to_train_1t_tokens")
 
@@ -31,20 +32,20 @@ class Workload:
     """What one optimizer step processes, and on how many GPUs."""
 
     global_batch_size: int
-    seq_length: int
+    seq_length: int | None  # None: samples are not token sequences (images...): no token figures
     num_gpus: int
     flops_per_sample: float | None = None
     peak_tflops: float | None = None
 
     @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch_size * self.seq_length
+    def tokens_per_step(self) -> int | None:
+        return self.global_batch_size * self.seq_length if self.seq_length else None
 
     def metrics(self, step_time_s: float | None) -> dict[str, float | None]:
         """Throughput figures for a (global, slowest-rank) step time in seconds; None: no steps."""
         if not step_time_s:
             return dict.fromkeys(METRICS)
-        tokens_per_s = self.tokens_per_step / step_time_s
+        tokens_per_s = self.tokens_per_step / step_time_s if self.tokens_per_step else None
         tflops_per_gpu = None
         utilisation = None
         if self.flops_per_sample is not None:
@@ -59,9 +60,9 @@ class Workload:
                 )
         return {
             "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_gpu": tokens_per_s / self.num_gpus,
+            "tokens_per_s_per_gpu": tokens_per_s / self.num_gpus if tokens_per_s else None,
             "samples_per_s": self.global_batch_size / step_time_s,
             "model_tflops_per_gpu": tflops_per_gpu,
             "mfu": utilisation,
-            "days_to_train_1t_tokens": days_to_train(ONE_TRILLION, tokens_per_s),
+            "days_to_train_1t_tokens": days_to_train(ONE_TRILLION, tokens_per_s) if tokens_per_s else None,
         }

@@ -285,7 +285,9 @@ def test_flops_per_sample_given_is_used_and_recorded_as_user(tmp_path, quiet_tra
     trainer.fit(model)  # no model_spec: the shape is not needed when the FLOPs are given
     summary = json.loads((tmp_path / "summary.json").read_text())
     model_section, throughput = summary["model"], summary["throughput"]
-    assert model_section == {"name": "tiny", "flops_per_sample": 1.5e6, "flops_formula": "user", "spec": None}
+    assert model_section == {"name": "tiny", "flops_per_sample": 1.5e6, "flops_formula": "user", "spec": None,
+                             "mfu_convention": {"formula": "user", "causal_attention": None, "peak_tflops": 0.5,
+                                                "peak_source": "user", "dtype": "fp32"}}
     mean = summary["timing"]["step_time_s"]["mean"]
     assert throughput["model_tflops_per_gpu"] == pytest.approx(2 * 1.5e6 / mean / 1e12)
     assert throughput["mfu"] == pytest.approx(throughput["model_tflops_per_gpu"] / 0.5)
@@ -301,7 +303,8 @@ def test_flops_per_sample_given_with_a_known_shape_keeps_the_shape_but_not_its_f
 def test_flops_per_sample_still_needs_the_sequence_length_and_a_model_name(tmp_path, quiet_trainer_kwargs):
     pl, model = plain_lm()
     trainer = pl.Trainer(max_steps=2, logger=False, **quiet_trainer_kwargs,
-                         callbacks=[ThroughputCallback(flops_per_sample=1e6, micro_batch_size=2, model_name="x")])
+                         callbacks=[ThroughputCallback(flops_per_sample=1e6, micro_batch_size=2, model_name="x",
+                                                       rate="tokens")])  # (auto: samples/s without a seq_length)
     with pytest.raises(ValueError, match=r"missing \['seq_length'\]"):
         trainer.fit(model)
     trainer = pl.Trainer(max_steps=2, logger=False, **quiet_trainer_kwargs,

@@ -465,7 +465,9 @@ def test_flops_per_sample_as_published_needs_no_model(tmp_path, capsys):
     assert code == 0, err
     summary = summary_of(tmp_path, "megatron_lm_mixtral_issue756")
     assert summary["model"] == {"name": "llama3.1-70b", "flops_per_sample": 3.94e15, "flops_formula": "user",
-                                "spec": None}
+                                "spec": None, "mfu_convention": {"formula": "user", "causal_attention": None,
+                                                                 "peak_tflops": 1979.0, "peak_source": "table:H100 SXM",
+                                                                 "dtype": "fp8"}}
     assert summary["throughput"]["mfu"] == pytest.approx(128 * 3.94e15 / 5.8299 / 16 / 1979e12)
     run = load_run(tmp_path / "megatron_lm_mixtral_issue756" / "summary.json")
     assert run.flops_per_sample == 3.94e15

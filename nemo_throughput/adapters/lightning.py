@@ -7,7 +7,9 @@ code), since each Trainer accepts only its own namespace's callbacks.
 Hot path (every step): one clock mark in each of four hooks, nothing read. Log step (every
 ``log_every_n_steps``): collect the previous steps, sample this rank's telemetry, start their
 all-gather, finish the one started on the last log step, log it and rewrite the summary (rank 0).
-Only the steps of a ``profile_steps`` window do more (start and stop the profiler).
+Only the steps of a ``profile_steps`` window do more (start and stop the profiler), and, with
+``flops_formula: measured``, the run's first step (a warm-up step), whose FLOPs are counted. With
+a ``target``, log steps and validations also read the monitored metric.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from nemo_throughput.adapters.nemo import read_module
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, Interval, RunStats, step_times
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.explain.run import RunExplanation
-from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import device_name, dtype_for_precision, identify, peak_tflops
+from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
 from nemo_throughput.signals import SigtermWatch
 from nemo_throughput.summary import (
     STEPS_FILE,
@@ -43,6 +46,7 @@ from nemo_throughput.summary import (
     claim_output_dir,
     write_json_atomic,
 )
+from nemo_throughput.target import MLPerfLog, Target, TimeToTarget
 from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, StepTimes, clock_for
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,9 @@ class ThroughputCallback(*_callback_bases()):
         self._exchange: Exchange | None = None
         self._explain: RunExplanation | None = None
         self._in_flight: Gathered | None = None
+        self._flop_counter: StepFlopCounter | None = None  # flops_formula measured, until the first step ends
+        self._time_to_target: TimeToTarget | None = None  # target set: the run clock
+        self._mllog: MLPerfLog | None = None  # mllog on, rank 0
         self._last_step = 0
         self._rank = 0
         self._done = False
@@ -114,6 +121,18 @@ class ThroughputCallback(*_callback_bases()):
         self._explain = RunExplanation(self.config, trainer.strategy.root_device, self._rank, facts.places,
                                        self.output_dir, records, backend)
         self._exchange = Exchange(extras_width=self._explain.width)
+        self._start_run_clock()
+
+    def _start_run_clock(self) -> None:
+        """MLPerf's run_start: after set-up, before any data is touched (Lightning creates the data
+        loaders after the setup hooks)."""
+        if self.config.target is None:
+            return
+        self._time_to_target = TimeToTarget(Target(**self.config.target))
+        self._time_to_target.start()
+        if self.config.mllog and self._rank == 0:
+            self._mllog = MLPerfLog(self.output_dir, self.facts.run_id)
+            self._mllog.run_start(self.facts.global_batch_size, self._time_to_target.started_wall_ms)
 
     def _deduplicate(self, trainer: Any) -> bool:
         """Drop this instance if it came from `+callbacks=throughput` and the code added one too."""
@@ -140,6 +159,8 @@ class ThroughputCallback(*_callback_bases()):
         self._timer = StepTimer(clock_for(trainer.strategy.root_device))
         if self._rank == 0:
             self._summary_file = SummaryFile(self.summary_path)
+        if self.facts.flops_formula == MEASURED and self.facts.flops_per_sample is None:
+            self._flop_counter = StepFlopCounter()
         self._update_summary()
         self._timer.anchor()
 
@@ -147,6 +168,8 @@ class ThroughputCallback(*_callback_bases()):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._timer is not None:
             self._timer.mark(START)
+            if self._flop_counter is not None:
+                self._count_flops_from_here(trainer)
             window = self._explain.window
             if window is not None and window.contains(trainer.global_step + 1):
                 window.step_start(trainer.global_step + 1)
@@ -154,6 +177,8 @@ class ThroughputCallback(*_callback_bases()):
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self._timer is not None:
             self._timer.mark(BACKWARD)
+            if self._flop_counter is not None:
+                self._flop_counter.backward_starts()
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self._timer is not None:
@@ -165,12 +190,15 @@ class ThroughputCallback(*_callback_bases()):
             return  # a gradient-accumulation micro-batch: the optimizer step is not over yet
         self._last_step = step
         self._timer.end_step(step)
+        if self._flop_counter is not None and self._flop_counter.counting:
+            self._take_measured_flops()
         window = self._explain.window
         if window is not None and window.contains(step):
             window.step_end(step)
             if step == window.last_step:
                 self._timer.anchor()  # stopping the profiler (and reading its trace) is no step's time
         if step % self.config.log_every_n_steps == 0:
+            self._check_target(trainer, after_validation=False)
             # Steps up to the previous one: their marks are at least one step old.
             steps, extras = self._timer.collect(step - 1), self._explain.sample(step)
             finished, self._in_flight = self._in_flight, self._exchange.start(steps, extras)
@@ -178,9 +206,76 @@ class ThroughputCallback(*_callback_bases()):
                 self._absorb(trainer, *finished.wait())
             self._update_summary()
 
+    def _count_flops_from_here(self, trainer: Any) -> None:
+        """First micro-batch of the run's first step: start counting; later ones of it: a new forward."""
+        if self._flop_counter.counting:
+            self._flop_counter.forward_starts()
+        elif trainer.global_step == self.stats.start_step:
+            self._flop_counter.start()
+
+    def _take_measured_flops(self) -> None:
+        """The counted step is over: from now on its FLOPs per sample give model TFLOPS and MFU."""
+        data_parallel = self.facts.parallel["data"]
+        counted = self._flop_counter.stop(samples=self.facts.global_batch_size // data_parallel)
+        self._flop_counter = None
+        self.facts.measured_flops = counted.to_dict()
+        try:
+            self.facts.flops_per_sample = flops_per_sample(counted, self.facts.num_gpus // data_parallel)
+        except ValueError as error:  # known only now: the run goes on without model TFLOPS and MFU
+            if self._rank == 0:
+                log.warning("nemo-throughput: %s Model TFLOPS and MFU stay null for this run.", error)
+            return
+        if self._rank == 0:
+            log.info("nemo-throughput: measured %.4g model FLOPs per sample (forward %.4g, backward %.4g FLOPs "
+                     "on this rank's %d samples of step %d)", self.facts.flops_per_sample, counted.forward,
+                     counted.backward, counted.samples, self._last_step)
+
+    def _stop_counting_flops(self) -> None:
+        if self._flop_counter is not None:
+            self._flop_counter.abandon()
+            self._flop_counter = None
+
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._timer is not None and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._check_target(trainer, after_validation=True)
             self._timer.anchor()  # validation time is not part of the next training step
+
+    def _check_target(self, trainer: Any, after_validation: bool) -> None:
+        """Has the monitored metric reached the target? On every rank at the same points (log steps,
+        after validation), so that a stop decided across ranks pairs its collective."""
+        clock = self._time_to_target
+        if clock is None:
+            return
+        step = trainer.global_step
+        first = clock.check(trainer.callback_metrics, step)
+        if self._mllog is not None and after_validation and first is not None:
+            self._mllog.evaluation(clock.value, step, samples=step * self.facts.global_batch_size)
+        if first:
+            self._on_target_reached(step)
+        if clock.target.stop and trainer.strategy.reduce_boolean_decision(clock.reached, all=False):
+            trainer.should_stop = True
+
+    def _on_target_reached(self, step: int) -> None:
+        clock = self._time_to_target
+        if self._rank == 0:
+            log.info("nemo-throughput: %s = %.6g reached the target %s %g at step %d, %.3f s after run start",
+                     clock.target.metric, clock.value, "<=" if clock.target.mode == "min" else ">=",
+                     clock.target.value, step, clock.seconds)
+        if self._mllog is not None:
+            self._mllog.run_stop(True, clock.started_wall_ms + round(clock.seconds * 1000), step)
+            self._close_mllog()
+
+    def _close_mllog(self) -> None:
+        if self._mllog is not None:
+            self._mllog.close()
+            self._mllog = None
+
+    def _stop_run_clock(self, step: int) -> None:
+        """End of the run without the target reached: MLPerf's run_stop, aborted."""
+        if self._mllog is not None:
+            clock = self._time_to_target
+            self._mllog.run_stop(False, clock.started_wall_ms + round(clock.elapsed_s() * 1000), step)
+            self._close_mllog()
 
     # ----------------------------------------------------------------------- end of run
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -194,11 +289,15 @@ class ThroughputCallback(*_callback_bases()):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self._timer is None:
             return
+        self._stop_counting_flops()
+        self._stop_run_clock(trainer.global_step)
         self._finish("completed", None, self._flush(trainer, wait_for_device=True).missing)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self._timer is None or self._done:
             return
+        self._stop_counting_flops()
+        self._stop_run_clock(trainer.global_step)
         sigterm = self._sigterm is not None and self._sigterm.received
         interrupted = sigterm or isinstance(exception, (KeyboardInterrupt, SystemExit))
         status = "interrupted" if interrupted else "failed"
@@ -318,7 +417,8 @@ class ThroughputCallback(*_callback_bases()):
 
     def _summary(self, status: str, error: str | None = None, final: bool = False) -> dict[str, Any]:
         explained = self._explain.sections(self.facts.workload.tokens_per_step, final=final and self._rank == 0)
-        return build_summary(self.facts, self.stats, status, error, explained)
+        clock = self._time_to_target.section() if self._time_to_target is not None else None
+        return build_summary(self.facts, self.stats, status, error, explained, time_to_target=clock)
 
     def _with_end(self, summary: dict[str, Any], missing: str | None) -> dict[str, Any]:
         """Add how the run ended: which rank wrote it, the signal, what the summary lacks."""
@@ -344,6 +444,7 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,
     module = read_module(pl_module, getattr(trainer, "datamodule", None))
     shape = _shape_fields(config, module)
     spec = _model_spec(config, shape, module.source)
+    rate = _primary_rate(config, shape.get("seq_length"))
     world_size = trainer.world_size
     model_parallel = 1
     for name in ("tensor", "pipeline", "context"):
@@ -376,7 +477,7 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,
     orchestrator = environment.detect_orchestrator()
     model_name = config.model_name or (spec.default_name() if spec else None)
     if model_name is None:
-        raise ValueError("nemo-throughput cannot name the model: flops_per_sample is given and the model shape is "
+        raise ValueError("nemo-throughput cannot name the model: its FLOPs are given or measured and its shape is "
                          "not known, so no parameter count to name it after. Pass model_name=... "
                          "(callbacks.throughput.model_name=... with Hydra).")
     started = datetime.now(timezone.utc)
@@ -385,13 +486,12 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,
         label=config.run_label or os.environ.get(environment.ENV_RUN_LABEL) or orchestrator,
         global_batch_size=global_batch_size,
         micro_batch_size=micro_batch_size,
-        seq_length=shape["seq_length"],
+        seq_length=shape.get("seq_length") or None,
+        rate=rate,
         model_name=model_name,
         model_spec=spec,
-        # A figure given (say from a published table) is used as is and recorded as given.
         flops_formula=config.flops_formula if config.flops_per_sample is None else USER_FLOPS,
-        flops_per_sample=(model_flops_per_sample(spec, config.flops_formula) if config.flops_per_sample is None
-                          else float(config.flops_per_sample)),
+        flops_per_sample=_flops_per_sample(config, spec),
         gpu_name=gpu_name,
         num_gpus=world_size,
         num_nodes=trainer.num_nodes,
@@ -406,6 +506,15 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,
     )
 
 
+def _flops_per_sample(config: ThroughputConfig, spec: ModelSpec | None) -> float | None:
+    """Given (say from a published table): used as is. Measured: None until the first step is counted."""
+    if config.flops_per_sample is not None:
+        return float(config.flops_per_sample)
+    if config.flops_formula == MEASURED:
+        return None
+    return model_flops_per_sample(spec, config.flops_formula)
+
+
 _SHAPE_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
 
 
@@ -417,10 +526,21 @@ def _shape_fields(config: ThroughputConfig, module: Any) -> dict[str, Any]:
     return fields
 
 
+def _primary_rate(config: ThroughputConfig, seq_length: int | None) -> str:
+    """tokens/s where samples are sequences of a known length, else samples/s (images, ...)."""
+    if config.rate == "auto":
+        return "tokens" if seq_length else "samples"
+    if config.rate == "tokens" and not seq_length:
+        raise ValueError("rate: tokens needs the sequence length, which the model config does not give: pass "
+                         "seq_length=... (callbacks.throughput.seq_length=... with Hydra), or rate: samples.")
+    return config.rate
+
+
 def _model_spec(config: ThroughputConfig, fields: dict[str, Any], source: str | None) -> ModelSpec | None:
-    """The model shape; None only when flops_per_sample is given (then only seq_length is needed)."""
-    given_flops = config.flops_per_sample is not None
-    required = ("seq_length",) if given_flops else _SHAPE_REQUIRED
+    """The model shape; None only when flops_per_sample is given or measured (then nothing of it is
+    needed: without a seq_length the rate is samples/s)."""
+    given_flops = config.flops_per_sample is not None or config.flops_formula == MEASURED
+    required = ("seq_length",) if given_flops and config.rate == "tokens" else () if given_flops else _SHAPE_REQUIRED
     missing = [name for name in required if not fields.get(name)]
     if missing:
         found = f" (read from the model's {source})" if source else ""
@@ -487,11 +607,11 @@ def _ranks_text(ranks: list[int], shown: int = 8) -> str:
 def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:
     """One readable line per log interval."""
     warmup = " (profiled steps not counted)" if interval.profiled else " (warm-up)" if interval.warmup else ""
-    parts = [
-        f"step {interval.step_time_s:.4g} s (max {interval.max_step_time_s:.4g})",
-        f"{metrics['tokens_per_s']:,.0f} tok/s",
-        f"{metrics['tokens_per_s_per_gpu']:,.0f} tok/s/GPU",
-    ]
+    parts = [f"step {interval.step_time_s:.4g} s (max {interval.max_step_time_s:.4g})"]
+    if metrics["tokens_per_s"] is not None:
+        parts += [f"{metrics['tokens_per_s']:,.0f} tok/s", f"{metrics['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"]
+    else:  # samples that are not token sequences
+        parts.append(f"{metrics['samples_per_s']:,.4g} samples/s")
     if metrics["model_tflops_per_gpu"] is not None:
         parts.append(f"{metrics['model_tflops_per_gpu']:.4g} TFLOPS/GPU")
     parts.append(f"MFU {100 * metrics['mfu']:.1f}%" if metrics["mfu"] is not None else "MFU n/a")

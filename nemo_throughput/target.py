@@ -1,0 +1,157 @@
+"""Time to target, the MLPerf way: a run clock from before any data is touched until the monitored
+metric first reaches its target.
+
+MLPerf Training scores a run by the time from ``run_start`` to ``run_stop``: the clock starts
+after initialisation, before the first batch is read; evaluation time counts (it is part of
+training to quality); it stops when the quality target is first reached. The callback starts
+the clock at the end of its set-up (Lightning calls it before any data loader is created or
+read), and checks ``trainer.callback_metrics`` after each validation and on log steps.
+
+With ``mllog`` on, rank 0 also writes ``:::MLLOG`` lines through mlperf-logging's own ``mllog``
+(run_start, eval_accuracy, run_stop with its status), to stdout and to ``mlperf.log`` in the
+output directory, so that MLPerf's tools (and ``nemo-throughput import --format mlperf``) read them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MODES = ("min", "max")
+REACHED, NOT_REACHED = "target_reached", "target_not_reached"
+MLLOG_FILE = "mlperf.log"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The quality a run trains to: ``metric`` (a key of trainer.callback_metrics) reaching
+    ``value`` from below (``mode: max``, e.g. accuracy) or from above (``mode: min``, e.g. loss)."""
+
+    metric: str
+    value: float
+    mode: str
+    stop: bool = False  # end training when reached (trainer.should_stop), as an MLPerf run does
+
+    def reached(self, observed: float) -> bool:
+        return observed <= self.value if self.mode == "min" else observed >= self.value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": self.value, "mode": self.mode, "stop": self.stop}
+
+
+def checked_target(value: Any) -> dict[str, Any] | None:
+    """The ``target`` setting as a plain dict, each key checked; None when not set."""
+    if value is None:
+        return None
+    example = "with Hydra: callbacks.throughput.target={metric:val_loss,value:2.5,mode:min}"
+    if not isinstance(value, Mapping):
+        raise ValueError(f"target must be a mapping {{metric, value, mode}}, got {value!r} "
+                         f"({type(value).__name__}); {example}")
+    unknown = sorted(set(value) - {"metric", "value", "mode", "stop"})
+    missing = [key for key in ("metric", "value", "mode") if value.get(key) is None]
+    if unknown or missing:
+        raise ValueError(f"target needs metric, value and mode (and may have stop); got unknown {unknown}, "
+                         f"missing {missing}; {example}")
+    metric, number, mode, stop = value["metric"], value["value"], value["mode"], value.get("stop", False)
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"target.metric must be the name of a logged metric (a key of trainer.callback_metrics), "
+                         f"got {metric!r}")
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+        raise ValueError(f"target.value must be a finite number, got {number!r} ({type(number).__name__})")
+    if mode not in MODES:
+        raise ValueError(f"target.mode must be min (a loss: reached at or below the value) or max (an accuracy: "
+                         f"at or above it), got {mode!r}")
+    if not isinstance(stop, bool):
+        raise ValueError(f"target.stop must be true or false, got {stop!r}")
+    return Target(metric, float(number), mode, stop).to_dict()
+
+
+class TimeToTarget:
+    """The run clock and the first time the target is reached."""
+
+    def __init__(self, target: Target, clock: Any = time.monotonic) -> None:
+        self.target = target
+        self._clock = clock
+        self.started_s: float | None = None  # run_start on the clock (time.monotonic)
+        self.started_wall_ms: int | None = None  # run_start as MLPerf logs it (ms since the epoch)
+        self.seconds: float | None = None  # run_start to the check that found the target reached
+        self.step: int | None = None
+        self.value: float | None = None  # the value that reached it, or the last one seen
+
+    @property
+    def reached(self) -> bool:
+        return self.seconds is not None
+
+    def start(self) -> None:
+        self.started_s, self.started_wall_ms = self._clock(), int(time.time() * 1000)
+
+    def elapsed_s(self) -> float:
+        return self._clock() - self.started_s
+
+    def check(self, metrics: Mapping[str, Any], step: int) -> bool | None:
+        """Look at the monitored metric; True the first time it reaches the target, None when it
+        has not been logged (yet), False otherwise."""
+        if self.reached or self.started_s is None:
+            return False
+        observed = metrics.get(self.target.metric)
+        if observed is None:
+            return None
+        self.value = float(observed)  # a tensor on the GPU: one sync, on a log step or after validation
+        if not self.target.reached(self.value):
+            return False
+        self.seconds, self.step = self.elapsed_s(), step
+        return True
+
+    def section(self) -> dict[str, Any]:
+        """The summary's ``time_to_target``; until reached, ``seconds`` is the run time so far."""
+        seconds = self.seconds if self.reached else (self.elapsed_s() if self.started_s is not None else None)
+        return {"status": REACHED if self.reached else NOT_REACHED, "seconds": seconds, "step": self.step,
+                "metric": self.target.metric, "value": self.value, "target": self.target.value,
+                "mode": self.target.mode}
+
+
+class MLPerfLog:
+    """``:::MLLOG`` lines through mlperf-logging's ``mllog``, to stdout and ``<output_dir>/mlperf.log``."""
+
+    def __init__(self, output_dir: str, run_id: str) -> None:
+        try:
+            from mlperf_logging import mllog
+        except ImportError as error:
+            raise ImportError("mllog: true needs mlperf-logging: pip install 'nemo-throughput[mlperf]' "
+                              "(or pip install mlperf-logging)") from error
+        self.constants = mllog.constants
+        self.path = os.path.join(output_dir, MLLOG_FILE)
+        # A logger of this run's own, so that two runs in one process never write into each other's file.
+        self._logger = logging.getLogger(f"mlperf_logging.nemo_throughput.{run_id}")
+        self._logger.propagate = False
+        self._logger.setLevel(logging.INFO)
+        self._handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(self.path)]
+        for handler in self._handlers:
+            self._logger.addHandler(handler)
+        self._mllogger = mllog.mllog.MLLogger(logger=self._logger, default_stack_offset=2)
+
+    def run_start(self, global_batch_size: int, time_ms: int) -> None:
+        self._mllogger.event(self.constants.GLOBAL_BATCH_SIZE, global_batch_size, time_ms=time_ms)
+        self._mllogger.start(self.constants.RUN_START, time_ms=time_ms)
+
+    def evaluation(self, value: float, step: int, samples: int) -> None:
+        self._mllogger.event(self.constants.EVAL_ACCURACY, value,
+                             metadata={"step_num": step, self.constants.SAMPLES_COUNT: samples})
+
+    def run_stop(self, success: bool, time_ms: int, step: int) -> None:
+        status = self.constants.SUCCESS if success else self.constants.ABORTED
+        self._mllogger.end(self.constants.RUN_STOP, time_ms=time_ms,
+                           metadata={self.constants.STATUS: status, "step_num": step})
+
+    def close(self) -> None:
+        for handler in self._handlers:
+            self._logger.removeHandler(handler)
+            handler.close()
