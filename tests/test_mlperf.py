@@ -78,6 +78,7 @@ def test_import_reads_what_the_log_states(capsys, tmp_path):
     rates = [line.value["value"]["throughput"] for line in lines if line.key == "tracked_stats"]
     assert rates and summary["throughput"]["samples_per_s"] == pytest.approx(sum(rates) / len(rates))
     assert summary["throughput"]["tokens_per_s"] is None and summary["batch"]["seq_length"] is None  # never invented
+    assert summary["throughput"]["primary"] == "samples_per_s" and summary["model"]["mfu_convention"]["formula"] is None
     assert summary["status"] == "completed"
 
 

@@ -367,3 +367,12 @@ def test_labels_that_print_the_same_are_refused(tmp_path):
     with pytest.raises(ReportError, match=r"labels '\\x1b\[1mk8s', 'k8s' all print as 'k8s' once control "
                                           r"characters are removed; correct them in .*b/summary.json"):
         build_report(runs)
+
+
+def test_a_run_rated_in_samples_is_left_out_by_name(tmp_path, capsys):
+    good_run(tmp_path, "tokens")
+    samples = edit(good_run(tmp_path, "images"), "throughput.primary", "samples_per_s")
+    edit(samples, "batch.seq_length", None)
+    code, out, err = report(tmp_path, capsys=capsys)
+    assert code == 1 and "tokens" in out
+    assert f"{samples}: this run is rated in samples/s (throughput.primary)" in err

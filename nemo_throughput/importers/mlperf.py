@@ -278,7 +278,7 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     facts = RunFacts(
         name=name or path.stem, label=label or result.system_name or "unknown",
         global_batch_size=int(batch) if isinstance(batch, (int, float)) and batch >= 1 else 1,
-        micro_batch_size=None, seq_length=1, model_name=result.benchmark, model_spec=None,
+        micro_batch_size=None, seq_length=None, rate="samples", model_name=result.benchmark, model_spec=None,
         flops_formula=USER_FLOPS, flops_per_sample=None,
         gpu_name=gpu_name or result.system.get("accelerator_model_name") or "unknown", num_gpus=accelerators,
         num_nodes=nodes, dtype=None, peak_tflops=None, peak_source=None, source=f"import:{NAME}",
@@ -287,9 +287,8 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     )
     status, error = _status(result)
     summary = build_summary(facts, RunStats(world_size=1, warmup_steps=0), status, error)
-    summary["batch"].update(global_batch_size=batch if facts.global_batch_size == batch else None,
-                            seq_length=None, tokens_per_step=None)
-    summary["model"]["flops_formula"] = None
+    summary["batch"]["global_batch_size"] = batch if facts.global_batch_size == batch else None
+    summary["model"]["flops_formula"] = summary["model"]["mfu_convention"]["formula"] = None  # not in the log
     summary["throughput"]["samples_per_s"] = _samples_per_s(result)
     summary["throughput"]["rate_source"] = "log:tracked_stats.throughput" if result.throughputs else None
     summary["time_to_train"] = time_to_train(result)

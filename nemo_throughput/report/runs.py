@@ -137,6 +137,7 @@ def load_run(path: Path, window: Window | None = None) -> Run:
     summary = _read(path)
     fields = Fields(str(path), summary)
     _require_completed(fields)
+    _require_tokens(fields)
     step_time_s, counted, window_text, notes = _measured_step_time(path, fields, window)
     run = Run(path=path, label=fields.text("run.label"), model=fields.text("model.name"),
               num_nodes=fields.count("hardware.num_nodes"), num_gpus=fields.count("hardware.num_gpus"),
@@ -149,6 +150,15 @@ def load_run(path: Path, window: Window | None = None) -> Run:
               explanation=read_explanation(fields))
     _require_finite_metrics(run)
     return run
+
+
+def _require_tokens(fields: Fields) -> None:
+    """The throughput tables compare tokens/s; a run rated in samples/s (no sequence length) is
+    left out by name rather than with a puzzling `batch.seq_length is None`."""
+    if fields.value("throughput.primary", None) == "samples_per_s":
+        raise ReportError(f"{fields.where}: this run is rated in samples/s (throughput.primary), and the report's "
+                          "throughput tables compare tokens/s only so far; its summary has samples_per_s, "
+                          "model TFLOPS and MFU")
 
 
 def read_explanation(fields: Fields) -> Explanation:
