@@ -72,7 +72,7 @@ def test_import_reads_what_the_log_states(capsys, tmp_path):
     assert ttt["run_start_ms"] == keys["run_start"].timestamp and ttt["run_stop_ms"] == keys["run_stop"].timestamp
     assert ttt["minutes"] == (ttt["run_stop_ms"] - ttt["run_start_ms"]) / 60 / 1000
     assert ttt["status"] == "success" and ttt["converged"] and ttt["compliant"] and ttt["compliance_errors"] == []
-    assert ttt["ruleset"] == RULESET and ttt["required_runs"] == 10 
+    assert ttt["ruleset"] == RULESET and ttt["required_runs"] == 10
     assert ttt["scaling_factor"] == json.loads((EOS_64 / "scaling.json").read_text())["scaling_factor"]
     lines, _ = parse_file(str(EOS_64 / "result_0.txt"), ruleset=RULESET)
     rates = [line.value["value"]["throughput"] for line in lines if line.key == "tracked_stats"]

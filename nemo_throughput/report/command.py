@@ -12,8 +12,16 @@ import math
 import sys
 from pathlib import Path
 
-from nemo_throughput.report.runs import (IncompleteRun, ReportError, Run, TrainingRun, Window, find_summaries,
-                                         load_run, load_training_run)
+from nemo_throughput.report.runs import (
+    IncompleteRun,
+    ReportError,
+    Run,
+    TrainingRun,
+    Window,
+    find_summaries,
+    load_run,
+    load_training_run,
+)
 from nemo_throughput.report.safe_text import printable
 from nemo_throughput.report.tables import Report, build_report, build_time_to_train, render
 

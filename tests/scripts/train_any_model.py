@@ -8,9 +8,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 import pytorch_lightning as pl  # noqa: E402
+from test_any_model import TinyUNet, Trainee  # noqa: E402
 
 from nemo_throughput import ThroughputCallback  # noqa: E402
-from test_any_model import Trainee, TinyUNet  # noqa: E402
 
 
 class LoggingTrainee(Trainee):
