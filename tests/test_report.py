@@ -9,6 +9,7 @@ import pytest
 
 from conftest import nemo_throughput_cli
 from nemo_throughput.aggregation import RunStats, steps_tensor
+from nemo_throughput.cli import main
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.report.runs import ReportError, Window, load_run
 from nemo_throughput.report.tables import build_report, render
@@ -190,3 +191,47 @@ def test_window_recomputes_from_per_step_times(tmp_path):
     assert load_run(path, Window.parse("last")).step_time_s == 2.0
     run = load_run(path, Window.parse("11:"))
     assert (run.step_time_s, run.steps_counted, run.window) == (1.5, 20, "11:")
+
+
+def write_samples_run(path: Path, *, label: str, nodes: int = 1, gbs: int = 128, step_times: list[float]) -> Path:
+    """A run rated in samples/s (a UNet: no sequence length), with FLOPs as given."""
+    facts = RunFacts(name=path.parent.name, label=label, global_batch_size=gbs, micro_batch_size=1, seq_length=None,
+                     rate="samples", model_name="unet-s", model_spec=None, flops_formula="user",
+                     flops_per_sample=2e12, gpu_name="NVIDIA H100 80GB HBM3", num_gpus=8 * nodes, num_nodes=nodes,
+                     dtype="bf16", peak_tflops=H100, peak_source="table:H100 SXM")
+    stats = RunStats(world_size=1, warmup_steps=0)
+    stats.add(steps_tensor([[StepTimes(i + 1, t) for i, t in enumerate(step_times)]]))
+    write_json_atomic(path, build_summary(facts, stats, "completed"))
+    return path
+
+
+def test_runs_rated_in_samples_get_their_own_scaling_table_and_comparison(tmp_path, capsys):
+    write_samples_run(tmp_path / "a1" / "summary.json", label="bare-metal", step_times=[1.0, 1.0])
+    write_samples_run(tmp_path / "a4" / "summary.json", label="bare-metal", nodes=4, gbs=512, step_times=[1.2, 1.2])
+    write_samples_run(tmp_path / "b1" / "summary.json", label="kubernetes", step_times=[1.25, 1.25])
+    write_run(tmp_path / "gpt" / "summary.json", label="bare-metal", step_times=[1.0])
+    assert main(["report", str(tmp_path), "--baseline", "bare-metal", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    unet = {(g["label"], g["num_nodes"]): g for g in data["groups"] if g["model"] == "unet-s"}
+    one, four = unet[("bare-metal", 1)], unet[("bare-metal", 4)]
+    assert (one["unit"], one["samples_per_s"], one["tokens_per_s"], one["days_to_train"]) == ("samples", 128.0,
+                                                                                              None, None)
+    assert four["samples_per_s_per_gpu"] == pytest.approx(512 / 1.2 / 32)
+    assert four["linear_factor"] == pytest.approx((512 / 1.2) / 128) and four["perfect_linear_factor"] == 4
+    assert four["mfu"] == pytest.approx(512 * 2e12 / 1.2 / 32 / (H100 * 1e12))  # from FLOPs per sample as before
+    gpt = next(g for g in data["groups"] if g["model"] == "gpt3-126m")
+    assert gpt["unit"] == "tokens" and gpt["tokens_per_s"] == pytest.approx(tokens(128, 1.0))
+    (compared,) = data["comparisons"]
+    assert (compared["unit"], compared["baseline_samples_per_s"], compared["other_samples_per_s"]) == (
+        "samples", 128.0, 128 / 1.25)
+    assert compared["diff_pct"] == pytest.approx(100 * (128 - 128 / 1.25) / 128)
+
+    assert main(["report", str(tmp_path), "--baseline", "bare-metal"]) == 0
+    text = capsys.readouterr().out
+    assert "tokens/s (mean ± 2σ)" in text and "samples/s (mean ± 2σ)" in text
+    assert "102.4 samples/s" in text  # the kubernetes run in the comparison, with its unit
+    assert main(["report", str(tmp_path), "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(",unit,samples_per_s,samples_per_s_std,"
+                                                            "samples_per_s_per_gpu")
+    plot = tmp_path / "scaling.png"
+    assert main(["report", str(tmp_path), "--plot", str(plot)]) == 0 and plot.read_bytes()[:4] == b"\x89PNG"

@@ -369,10 +369,9 @@ def test_labels_that_print_the_same_are_refused(tmp_path):
         build_report(runs)
 
 
-def test_a_run_rated_in_samples_is_left_out_by_name(tmp_path, capsys):
+def test_a_primary_rate_that_is_neither_tokens_nor_samples_excludes_the_run(tmp_path, capsys):
     good_run(tmp_path, "tokens")
-    samples = edit(good_run(tmp_path, "images"), "throughput.primary", "samples_per_s")
-    edit(samples, "batch.seq_length", None)
+    odd = edit(good_run(tmp_path, "odd"), "throughput.primary", "images_per_s")
     code, out, err = report(tmp_path, capsys=capsys)
-    assert code == 1 and "tokens" in out
-    assert f"{samples}: this run is rated in samples/s (throughput.primary)" in err
+    assert code == 1 and "gpt3-126m" in out
+    assert f"{odd}: throughput.primary is 'images_per_s'; it must be one of ['tokens_per_s', 'samples_per_s']" in err

@@ -1,4 +1,4 @@
-"""Plots of a report: tokens/s and MFU against GPU count, one line per label, one row per model;
+"""Plots of a report: tokens/s (or samples/s) and MFU against GPU count, one line per label, one row per model;
 and, where the summaries say it, where the step time goes per configuration (stacked bars)."""
 
 from __future__ import annotations
@@ -48,13 +48,14 @@ def plot_report(report: Report, path: Path) -> None:
                 continue
             name = _plain(label)
             gpus = [g.num_gpus for g in series]
-            throughput.errorbar(gpus, [g.tokens_per_s for g in series], yerr=[2 * g.tokens_per_s_std for g in series],
+            throughput.errorbar(gpus, [g.rate for g in series], yerr=[2 * g.rate_std for g in series],
                                 marker="o", capsize=4, color=colors[label], label=name)
             throughput.plot(gpus, [g.perfect_linear_scale for g in series], linestyle="--", color=colors[label],
                             alpha=0.6, label=f"{name}: perfect linear")
             if all(g.mfu is not None for g in series):
                 utilisation.plot(gpus, [100 * g.mfu for g in series], marker="o", color=colors[label], label=name)
-        throughput.set(title=f"{_plain(model)}: tokens/s (mean ± 2σ)", xlabel="GPUs", ylabel="tokens/s")
+        unit = next(g.unit for g in report.groups if g.model == model)
+        throughput.set(title=f"{_plain(model)}: {unit}/s (mean ± 2σ)", xlabel="GPUs", ylabel=f"{unit}/s")
         throughput.yaxis.set_major_formatter(matplotlib.ticker.EngFormatter())
         utilisation.set(title=f"{_plain(model)}: MFU", xlabel="GPUs", ylabel="MFU (%)")
         for ax in row:  # linear axes: perfect linear scaling is a straight line

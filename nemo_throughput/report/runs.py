@@ -99,7 +99,7 @@ class Run:
     num_nodes: int
     num_gpus: int
     global_batch_size: int
-    seq_length: int
+    seq_length: int | None  # None: samples are not token sequences (rated in samples/s)
     flops_per_sample: float | None  # None: unknown, so TFLOPS and MFU are n/a
     flops_formula: str  # a name of flops.FORMULAS, or summary.USER_FLOPS
     gpu_name: str
@@ -110,6 +110,7 @@ class Run:
     window: str | None
     notes: list[str] = field(default_factory=list)  # what was left out of the input, for the user
     explanation: Explanation = field(default_factory=Explanation)
+    unit: str = "tokens"  # what its primary rate counts: "tokens" or "samples" (throughput.primary)
 
     @property
     def workload(self) -> Workload:
@@ -137,11 +138,12 @@ def load_run(path: Path, window: Window | None = None) -> Run:
     summary = _read(path)
     fields = Fields(str(path), summary)
     _require_completed(fields)
-    _require_tokens(fields)
+    unit = _unit(fields)
     step_time_s, counted, window_text, notes = _measured_step_time(path, fields, window)
     run = Run(path=path, label=fields.text("run.label"), model=fields.text("model.name"),
               num_nodes=fields.count("hardware.num_nodes"), num_gpus=fields.count("hardware.num_gpus"),
-              global_batch_size=fields.count("batch.global_batch_size"), seq_length=fields.count("batch.seq_length"),
+              global_batch_size=fields.count("batch.global_batch_size"),
+              seq_length=fields.count("batch.seq_length") if unit == "tokens" else None, unit=unit,
               flops_per_sample=fields.positive("model.flops_per_sample", optional=True),
               flops_formula=fields.text("model.flops_formula"), gpu_name=fields.text("hardware.gpu_name"),
               dtype=fields.text("hardware.dtype", optional=True),
@@ -152,13 +154,15 @@ def load_run(path: Path, window: Window | None = None) -> Run:
     return run
 
 
-def _require_tokens(fields: Fields) -> None:
-    """The throughput tables compare tokens/s; a run rated in samples/s (no sequence length) is
-    left out by name rather than with a puzzling `batch.seq_length is None`."""
-    if fields.value("throughput.primary", None) == "samples_per_s":
-        raise ReportError(f"{fields.where}: this run is rated in samples/s (throughput.primary), and the report's "
-                          "throughput tables compare tokens/s only so far; its summary has samples_per_s, "
-                          "model TFLOPS and MFU")
+def _unit(fields: Fields) -> str:
+    """What the run's primary rate counts: tokens, or samples where tokens make no sense (images)."""
+    primary = fields.value("throughput.primary", "tokens_per_s")  # older summaries: tokens
+    if primary not in PRIMARY_UNITS:
+        raise fields.error("throughput.primary", primary, f"it must be one of {list(PRIMARY_UNITS)}")
+    return PRIMARY_UNITS[primary]
+
+
+PRIMARY_UNITS = {"tokens_per_s": "tokens", "samples_per_s": "samples"}
 
 
 def read_explanation(fields: Fields) -> Explanation:

@@ -29,19 +29,23 @@ class Group:
     num_nodes: int
     num_gpus: int
     runs: int
-    tokens_per_s: float  # mean over runs
-    tokens_per_s_std: float  # sample standard deviation over runs (0 for one run)
-    tokens_per_s_per_gpu: float
+    tokens_per_s: float | None  # mean over runs; None for runs rated in samples/s
+    tokens_per_s_std: float | None  # sample standard deviation over runs (0 for one run)
+    tokens_per_s_per_gpu: float | None
     step_time_s: float
     model_tflops_per_gpu: float | None
     mfu: float | None
-    days_to_train: float
+    days_to_train: float | None
     global_batch_size: int
-    seq_length: int
+    seq_length: int | None
+    samples_per_s: float  # mean over runs
+    samples_per_s_std: float
+    samples_per_s_per_gpu: float
+    unit: str = "tokens"  # what the primary rate counts: tokens, or samples (images, ...)
     files: list[str] = field(default_factory=list)
-    linear_factor: float | None = None  # tokens/s over the smallest node count's, same label and model
+    linear_factor: float | None = None  # rate over the smallest node count's, same label and model
     perfect_linear_factor: float | None = None  # GPU count over the smallest node count's
-    perfect_linear_scale: float | None = None  # tokens/s if scaling were perfect
+    perfect_linear_scale: float | None = None  # the rate if scaling were perfect
     scaling_efficiency: float | None = None  # linear factor / perfect linear factor
     # Why the step time is what it is (issue 12). None: not in the summaries, or not in every run of the
     # configuration (a value from some repeats only would pass for all of them).
@@ -68,12 +72,22 @@ class Group:
     straggler_excess_pct: float | None = None
     probe_busbw_gbps: dict[tuple[str, int], float | None] = field(default_factory=dict)  # the probe table
 
+    @property
+    def rate(self) -> float:
+        """The primary rate, tokens/s or samples/s (``unit``): what scaling and comparisons use."""
+        return self.tokens_per_s if self.unit == "tokens" else self.samples_per_s
+
+    @property
+    def rate_std(self) -> float:
+        return self.tokens_per_s_std if self.unit == "tokens" else self.samples_per_s_std
+
 
 # The fields every report has; the others are shown only where some configuration has a value.
 BASE_FIELDS = ("label", "model", "num_nodes", "num_gpus", "runs", "tokens_per_s", "tokens_per_s_std",
                "tokens_per_s_per_gpu", "step_time_s", "model_tflops_per_gpu", "mfu", "days_to_train",
                "global_batch_size", "seq_length", "files", "linear_factor", "perfect_linear_factor",
                "perfect_linear_scale", "scaling_efficiency")
+SAMPLE_FIELDS = ("unit", "samples_per_s", "samples_per_s_std", "samples_per_s_per_gpu")  # when some run has no tokens
 # Columns of the configuration table, by family: shown (all of a family) when any configuration has one.
 COLUMN_FAMILIES = (("network",), ("communication_share",), ("exposed_communication_share",),
                    ("memory_peak_reserved_gib", "memory_peak_allocated_gib"), ("sm_clock_mhz",), ("power_w",),
@@ -89,6 +103,9 @@ GROUP_BY = ("label", "network")
 UNKNOWN_NETWORK = "unknown"  # the group of runs whose summaries name no network, under --group-by network
 
 
+SAMPLE_COMPARISON_FIELDS = ("unit", "baseline_samples_per_s", "other_samples_per_s")
+
+
 @dataclass
 class Comparison:
     model: str
@@ -96,9 +113,19 @@ class Comparison:
     num_gpus: int
     baseline: str
     other: str
-    baseline_tokens_per_s: float
-    other_tokens_per_s: float
+    baseline_tokens_per_s: float | None
+    other_tokens_per_s: float | None
     diff_pct: float  # 100 * (baseline - other) / baseline: positive when `other` is slower
+    unit: str = "tokens"  # samples: the rates below, and diff_pct, are samples/s
+    baseline_samples_per_s: float | None = None
+    other_samples_per_s: float | None = None
+
+    def record(self, with_samples: bool) -> dict[str, Any]:
+        record = asdict(self)
+        if not with_samples:
+            for name in SAMPLE_COMPARISON_FIELDS:
+                del record[name]
+        return record
 
 
 @dataclass
@@ -114,6 +141,15 @@ class Report:
     time_to_train: list[TrainGroup] = field(default_factory=list)  # MLPerf-style runs (imported result logs)
 
     @property
+    def has_samples(self) -> bool:
+        """Some configuration is rated in samples/s: its fields are added (older reports stay as they were)."""
+        return any(g.unit == "samples" for g in self.groups)
+
+    @property
+    def group_fields(self) -> tuple[str, ...]:
+        return (*BASE_FIELDS, *(SAMPLE_FIELDS if self.has_samples else ()), *self.shown)
+
+    @property
     def probe_rows(self) -> list[tuple[str, int]]:
         """(collective, bytes) of the probe table: those some configuration has; empty: no probe."""
         keys = {key for g in self.groups for key, value in g.probe_busbw_gbps.items() if value is not None}
@@ -127,12 +163,12 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         """Today's keys, plus the explaining ones only where some run has them."""
-        fields = (*BASE_FIELDS, *self.shown)
+        fields = self.group_fields
         data: dict[str, Any] = {"tokens": self.tokens, "baseline": self.baseline}
         if self.group_by != "label":
             data["group_by"] = self.group_by
         data["groups"] = [{name: getattr(g, name) for name in fields} for g in self.groups]
-        data["comparisons"] = [asdict(c) for c in self.comparisons]
+        data["comparisons"] = [c.record(self.has_samples) for c in self.comparisons]
         if self.step_time:
             data["step_time"] = step_time_records(self)
         if self.probe_rows:
@@ -248,23 +284,29 @@ def _group(runs: list[Run], tokens: float, group_by: str, notes: list[str]) -> G
     what = f"{printable(label)} / {printable(first.model)} / {first.num_nodes} nodes"
     _require_same_setup(runs, what)
     per_run = [run.workload.metrics(run.step_time_s) for run in runs]
-    tokens_per_s = [m["tokens_per_s"] for m in per_run]
-    mean_tps = statistics.fmean(tokens_per_s)
     mfus = [m["mfu"] for m in per_run]
     tflops = [m["model_tflops_per_gpu"] for m in per_run]
+    samples = _rate([m["samples_per_s"] for m in per_run], first.num_gpus)
+    token_rates = _rate([m["tokens_per_s"] for m in per_run], first.num_gpus) if first.unit == "tokens" else None
     return Group(
         label=label, model=first.model, num_nodes=first.num_nodes, num_gpus=first.num_gpus, runs=len(runs),
-        tokens_per_s=mean_tps,
-        tokens_per_s_std=statistics.stdev(tokens_per_s) if len(runs) > 1 else 0.0,
-        tokens_per_s_per_gpu=mean_tps / first.num_gpus,
+        tokens_per_s=token_rates and token_rates[0], tokens_per_s_std=token_rates and token_rates[1],
+        tokens_per_s_per_gpu=token_rates and token_rates[2],
         step_time_s=statistics.fmean(run.step_time_s for run in runs),
         model_tflops_per_gpu=statistics.fmean(tflops) if None not in tflops else None,
         mfu=statistics.fmean(mfus) if None not in mfus else None,
-        days_to_train=days_to_train(tokens, mean_tps),
+        days_to_train=days_to_train(tokens, token_rates[0]) if token_rates else None,
         global_batch_size=first.global_batch_size, seq_length=first.seq_length,
+        samples_per_s=samples[0], samples_per_s_std=samples[1], samples_per_s_per_gpu=samples[2], unit=first.unit,
         files=[str(run.path) for run in runs],
         **explained_values(runs, what, notes),
     )
+
+
+def _rate(per_run: list[float], num_gpus: int) -> tuple[float, float, float]:
+    """Mean over runs, sample standard deviation (0 for one run), mean per GPU."""
+    mean = statistics.fmean(per_run)
+    return mean, statistics.stdev(per_run) if len(per_run) > 1 else 0.0, mean / num_gpus
 
 
 def explained_values(runs: list[Run], what: str, notes: list[str]) -> dict[str, Any]:
@@ -342,9 +384,9 @@ def _add_scaling(groups: list[Group]) -> None:
     for members in series.values():
         smallest = min(members, key=lambda g: g.num_gpus)
         for group in members:
-            group.linear_factor = group.tokens_per_s / smallest.tokens_per_s
+            group.linear_factor = group.rate / smallest.rate
             group.perfect_linear_factor = group.num_gpus / smallest.num_gpus
-            group.perfect_linear_scale = group.perfect_linear_factor * smallest.tokens_per_s
+            group.perfect_linear_scale = group.perfect_linear_factor * smallest.rate
             group.scaling_efficiency = group.linear_factor / group.perfect_linear_factor
 
 
@@ -358,10 +400,13 @@ def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str 
             continue
         _require_same_setup(runs_by_key[(baseline, model, nodes, gpus)] + runs_by_key[(label, model, nodes, gpus)],
                             f"{printable(model)} at {nodes} nodes under {baseline!r} and {label!r}")
+        samples = base.unit == "samples"  # the same model and set-up: the same unit
         comparisons.append(Comparison(
             model=model, num_nodes=nodes, num_gpus=gpus, baseline=baseline, other=label,
             baseline_tokens_per_s=base.tokens_per_s, other_tokens_per_s=other.tokens_per_s,
-            diff_pct=100.0 * (base.tokens_per_s - other.tokens_per_s) / base.tokens_per_s,
+            diff_pct=100.0 * (base.rate - other.rate) / base.rate, unit=base.unit,
+            baseline_samples_per_s=base.samples_per_s if samples else None,
+            other_samples_per_s=other.samples_per_s if samples else None,
         ))
     comparisons.sort(key=lambda c: (c.model, c.other, c.num_gpus))
     return comparisons
@@ -376,30 +421,36 @@ STEP_TIME_TITLE = ("Where the step time goes: shares of the profiled steps (comp
 PROBE_TITLE = "Start-up fabric probe: bus bandwidth in GB/s (nccl-tests' busbw), per collective and message size"
 
 
-def _group_rows(report: Report) -> tuple[list[str], list[list[str]], set[int]]:
-    days = f"days for {_count(report.tokens)} tokens"
-    header = ["label", "model", "nodes", "GPUs", "runs", "tokens/s (mean ± 2σ)", "linear factor",
-              "perfect linear", "perfect linear scale", "efficiency", "tokens/s/GPU", "MFU", days]
+def _group_rows(report: Report, unit: str = "tokens") -> tuple[list[str], list[list[str]], set[int]]:
+    """The configuration table of the groups rated in `unit` (tokens/s, or samples/s: no days to train)."""
+    groups = [g for g in report.groups if g.unit == unit]
+    header = ["label", "model", "nodes", "GPUs", "runs", f"{unit}/s (mean ± 2σ)", "linear factor",
+              "perfect linear", "perfect linear scale", "efficiency", f"{unit}/s/GPU", "MFU"]
+    rate = "{:,.0f}" if unit == "tokens" else "{:,.4g}"
     rows = [[
         g.label, g.model, str(g.num_nodes), str(g.num_gpus), str(g.runs),
-        f"{g.tokens_per_s:,.0f} ± {2 * g.tokens_per_s_std:,.0f}", f"{g.linear_factor:.2f}",
-        f"{g.perfect_linear_factor:.2f}", f"{g.perfect_linear_scale:,.0f}", f"{100 * g.scaling_efficiency:.1f} %",
-        f"{g.tokens_per_s_per_gpu:,.0f}", f"{100 * g.mfu:.2f} %" if g.mfu is not None else "n/a",
-        f"{g.days_to_train:,.2f}",
-    ] for g in report.groups]
+        f"{rate.format(g.rate)} ± {rate.format(2 * g.rate_std)}", f"{g.linear_factor:.2f}",
+        f"{g.perfect_linear_factor:.2f}", rate.format(g.perfect_linear_scale), f"{100 * g.scaling_efficiency:.1f} %",
+        rate.format(g.rate / g.num_gpus), f"{100 * g.mfu:.2f} %" if g.mfu is not None else "n/a",
+    ] for g in groups]
+    if unit == "tokens":
+        header.append(f"days for {_count(report.tokens)} tokens")
+        for row, g in zip(rows, groups, strict=True):
+            row.append(f"{g.days_to_train:,.2f}")
     if report.group_by == "network":
         header[0] = "network"
     elif "network" in report.shown:
         header.insert(1, "network")
-        for row, g in zip(rows, report.groups, strict=True):
+        for row, g in zip(rows, groups, strict=True):
             row.insert(1, _text(g.network))
     explaining = set()
     for title, cell in _explaining_columns(report):
         explaining.add(len(header))
         header.append(title)
-        for row, g in zip(rows, report.groups, strict=True):
+        for row, g in zip(rows, groups, strict=True):
             row.append(cell(g))
     return header, rows, explaining
+
 
 
 def _explaining_columns(report: Report) -> list[tuple[str, Any]]:
@@ -468,9 +519,18 @@ def _count(tokens: float) -> str:
 
 def _comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     header = ["model", "nodes", "GPUs", "baseline", "other", "baseline tokens/s", "other tokens/s", "diff %"]
-    rows = [[c.model, str(c.num_nodes), str(c.num_gpus), c.baseline, c.other, f"{c.baseline_tokens_per_s:,.0f}",
-             f"{c.other_tokens_per_s:,.0f}", f"{c.diff_pct:+.2f}"] for c in report.comparisons]
+    if report.has_samples:
+        header[5:7] = ["baseline rate", "other rate"]
+    rows = [[c.model, str(c.num_nodes), str(c.num_gpus), c.baseline, c.other, *_compared_rates(c, report.has_samples),
+             f"{c.diff_pct:+.2f}"] for c in report.comparisons]
     return header, rows
+
+
+def _compared_rates(c: Comparison, with_units: bool) -> list[str]:
+    if c.unit == "samples":
+        return [f"{c.baseline_samples_per_s:,.4g} samples/s", f"{c.other_samples_per_s:,.4g} samples/s"]
+    unit = " tokens/s" if with_units else ""
+    return [f"{c.baseline_tokens_per_s:,.0f}{unit}", f"{c.other_tokens_per_s:,.0f}{unit}"]
 
 
 def _step_time_rows(report: Report) -> tuple[list[str], list[list[str]], set[int]]:
@@ -517,7 +577,11 @@ def render(report: Report, fmt: str) -> str:
     if fmt == "csv":
         return _render_csv(report)
     table = _markdown_table if fmt == "markdown" else _text_table
-    parts = [table(*_group_rows(report))] if report.groups or not report.time_to_train else []
+    parts = [table(*_group_rows(report))] if any(g.unit == "tokens" for g in report.groups) else []
+    if report.has_samples:
+        parts.append(table(*_group_rows(report, "samples")))
+    if not parts and not report.time_to_train:
+        parts = [table(*_group_rows(report))]  # no run: the header alone
     if report.comparisons:
         parts += [table(*_comparison_rows(report)), DIFF_SIGN]
     elif report.baseline:
@@ -567,10 +631,11 @@ def _render_csv(report: Report) -> str:
     the probe (one row per collective, size and configuration), with raw numbers."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    group_fields = [f for f in (*BASE_FIELDS, *report.shown) if f != "files"]
+    group_fields = [f for f in report.group_fields if f != "files"]
     sections = [(group_fields, [{f: getattr(g, f) for f in group_fields} for g in report.groups])]
     if report.comparisons:
-        sections.append((list(Comparison.__dataclass_fields__), [asdict(c) for c in report.comparisons]))
+        records = [c.record(report.has_samples) for c in report.comparisons]
+        sections.append((list(records[0]), records))
     if report.step_time:
         sections.append((step_time_fields(report), step_time_records(report)))
     if report.probe_rows:
