@@ -225,3 +225,13 @@ def test_throughput_and_time_to_train_runs_report_together(capsys, tmp_path):
     assert main(["report", str(tmp_path), "--format", "csv"]) == 0
     csv_text = capsys.readouterr().out
     assert "bare-metal" in csv_text and "olympic_min" in csv_text and "gpt3" in csv_text
+
+
+def test_without_a_ruleset_the_round_checked_against_is_said_to_be_a_guess(tmp_path, capsys):
+    code = main(["import", "--format", "mlperf", str(EOS_64 / "result_0.txt"), "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0 and "the log does not name its MLPerf round: checked against ruleset" in err
+    ttt = summaries(tmp_path)["result_0"]["time_to_train"]
+    assert ttt["ruleset_given"] is False and ttt["ruleset"] in err
+    run_import(capsys, EOS_64 / "result_0.txt", out=tmp_path / "given")
+    assert summaries(tmp_path / "given")["result_0"]["time_to_train"]["ruleset_given"] is True

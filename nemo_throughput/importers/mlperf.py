@@ -291,7 +291,11 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     summary["model"]["flops_formula"] = summary["model"]["mfu_convention"]["formula"] = None  # not in the log
     summary["throughput"]["samples_per_s"] = _samples_per_s(result)
     summary["throughput"]["rate_source"] = "log:tracked_stats.throughput" if result.throughputs else None
-    summary["time_to_train"] = time_to_train(result)
+    summary["time_to_train"] = {**time_to_train(result), "ruleset_given": ruleset is not None}
+    if ruleset is None:  # a guess, said as one: the round decides which checks apply
+        notes.append(f"the log does not name its MLPerf round: checked against ruleset {result.compliance.ruleset} "
+                     "(the newest whose rules allow the benchmark and that it passes); give --ruleset with the "
+                     "round it was submitted to (e.g. --ruleset 4.0.0) to check it as that round")
     return summary, notes + _notes(result)
 
 
