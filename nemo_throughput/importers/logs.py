@@ -87,9 +87,9 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
         raise ReportError(f"{path}: a directory without TensorBoard event files (give the log file itself)")
     check_text(path)
     formats = [fmt] if fmt else list(TEXT_FORMATS)
-    ranks = _ranks_with_steps(path, formats)
+    ranks, bridge = _ranks_with_steps(path, formats)
     if not ranks:
-        raise ReportError(_no_steps_message(path, fmt))
+        raise ReportError(_bridge_step_time_only_message(path) if bridge else _no_steps_message(path, fmt))
     found = {name for name, _ in ranks}
     if len(found) > 1:
         raise ReportError(f"{path}: both NeMo (`{nemo.TAG}`) and Megatron-LM (`{megatron.TAG}`) step lines "
@@ -103,7 +103,8 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
             reader.feed(line)
     if not reader.log.steps:
         raise ReportError(_no_steps_message(path, fmt))
-    return ReadLog(fmt, reader.log, chosen, labels, reader.styles)
+    styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
+    return ReadLog(fmt, reader.log, chosen, labels, styles)
 
 
 def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | None, seq_length: int,
@@ -173,6 +174,9 @@ def _measured(path: Path, valid: list[Step], window: Window | None, stats: RunSt
 
 def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
     notes = [f"read {read.rank_note}"] if read.rank_note else []
+    if megatron.BRIDGE_STYLE in read.styles:
+        notes.append("Megatron-Bridge log: step times from its iteration lines; its `Step Time : ... TFLOP/s/GPU` "
+                     "lines (rank 0, the same time rounded to 10 ms, TFLOP/s by Bridge's own FLOPs) are not read")
     if bad:
         listed = ", ".join(f"{s.step} ({s.seconds:g} s)" for s in bad[:MAX_LISTED])
         notes.append(f"warning: {len(bad)} step time(s) left out, not positive finite numbers: {listed}"
@@ -180,14 +184,16 @@ def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
     return notes
 
 
-def _ranks_with_steps(path: Path, formats: Iterable[str]) -> set[tuple[str, str | None]]:
-    """(format, rank label) of every rank whose lines look like step lines."""
-    found = set()
+def _ranks_with_steps(path: Path, formats: Iterable[str]) -> tuple[set[tuple[str, str | None]], bool]:
+    """(format, rank label) of every rank whose lines look like step lines, and whether the log has
+    Megatron-Bridge's rank-0 `Step Time :` lines (found in the same pass over the file)."""
+    found, bridge = set(), False
     for line in read_lines(path):
         for name in formats:
             if TEXT_FORMATS[name].matches(line.text):
                 found.add((name, line.rank))
-    return found
+        bridge = bridge or megatron.is_bridge_step_time(line.text)
+    return found, bridge
 
 
 def _rank_order(label: str | None) -> tuple[int, list[int], str]:
@@ -251,6 +257,12 @@ def _peak(peak: float | None, gpu_name: str | None, dtype: str | None) -> dict[s
         value = peak_tflops(gpu_name, dtype)
         return {"peak_tflops": value, "peak_source": f"table:{identify(gpu_name).name}" if value is not None else None}
     return {"peak_tflops": None, "peak_source": None}
+
+
+def _bridge_step_time_only_message(path: Path) -> str:
+    return (f"{path}: only Megatron-Bridge `Step Time : ...` lines, which carry no iteration number; the step "
+            f"lines are its `{megatron.TAG}` iteration lines, printed by the last rank (give the whole log of the "
+            "job, all ranks, not lines filtered with grep)")
 
 
 def _no_steps_message(path: Path, fmt: str | None) -> str:

@@ -8,6 +8,11 @@ Both print it on the last rank only (``print_rank_last``), with the same format 
 is the mean over the ``--log-interval`` iterations that end at the printed one; it counts as one
 sample at that iteration. The global batch size is the one of that iteration (it changes during
 a ``--rampup-batch-size`` ramp).
+
+Megatron-Bridge adds, on rank 0 (``print_rank_0``), a line per log interval such as
+``Step Time : 4.65s GPU utilization: 1176.2MODEL_TFLOP/s/GPU`` (``TFLOP/s/GPU`` in older
+versions). It tells a Bridge log apart but is not read as a step: it has no iteration number and
+repeats the iteration line's time rounded to 10 ms.
 """
 
 from __future__ import annotations
@@ -27,11 +32,18 @@ BATCH_ORIGIN = "`global batch size:`"
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|")
 _ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([^\s|]+)")
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
+_BRIDGE_STEP_TIME = re.compile(r"Step Time : \S+s GPU utilization: \S*TFLOP/s/GPU")
+BRIDGE_STYLE = "Megatron-Bridge `Step Time :` lines"
 
 
 def matches(text: str) -> bool:
     """A step line: an iteration with its time (not, say, a message that names the field)."""
     return TAG in text and _ITERATION.search(text) is not None and _ELAPSED.search(text) is not None
+
+
+def is_bridge_step_time(text: str) -> bool:
+    """Megatron-Bridge's rank-0 ``Step Time : ... TFLOP/s/GPU`` line (not a step line: see above)."""
+    return _BRIDGE_STEP_TIME.search(text) is not None
 
 
 class Reader:
