@@ -264,7 +264,8 @@ class Interval:
 class RunStats:
     """All ranks' step times after warm-up, accumulated on every rank in O(steps of the interval).
 
-    Steps in ``excluded`` (first, last) (a profiled window) are reported live but left out of the
+    Steps in ``excluded`` (first, last) (a profiled window), and steps marked with :meth:`skip` (the
+    framework skipped the update: Bridge's ``skipped_iter``), are reported live but left out of the
     statistics, like warm-up steps."""
 
     def __init__(self, world_size: int, warmup_steps: int, start_step: int = 0,
@@ -273,6 +274,7 @@ class RunStats:
         self.warmup_steps = warmup_steps
         self.start_step = start_step  # global step the run (or its resumption) began at
         self.excluded = excluded
+        self.skipped: set[int] = set()
         self.last_step: int | None = None
         self._sorted: list[float] = []  # global step times, kept sorted for the percentiles
         self._mean = 0.0  # running mean and sum of squared deviations (Welford)
@@ -289,8 +291,12 @@ class RunStats:
     def is_excluded(self, step: int) -> bool:
         return self.excluded is not None and self.excluded[0] <= step <= self.excluded[1]
 
+    def skip(self, step: int) -> None:
+        """Leave ``step`` out of the statistics (mark it before its interval is added)."""
+        self.skipped.add(step)
+
     def is_measured(self, step: int) -> bool:
-        return not (self.is_warmup(step) or self.is_excluded(step))
+        return not (self.is_warmup(step) or self.is_excluded(step) or step in self.skipped)
 
     def add(self, steps: torch.Tensor) -> Interval | None:
         """Take ``[ranks, steps, COLUMNS]``; return the interval's statistics (None if empty)."""

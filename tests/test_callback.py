@@ -225,6 +225,33 @@ def test_reads_a_megatron_core_transformer_config_and_the_data_module(tmp_path, 
     assert summary["parallel"]["tensor"] == 1 and summary["timing"]["steps_measured"] == 3
 
 
+@pytest.mark.parametrize("feature, message", [
+    ({"window_size": (128, 0)}, r"sliding-window attention \(window_size=\(128, 0\)\)"),
+    ({"multi_latent_attention": True}, r"multi-latent attention"),
+    ({"mtp_num_layers": 1}, r"multi-token prediction \(mtp_num_layers=1\)"),
+])
+def test_a_model_the_formulas_cannot_describe_needs_its_flops_given(tmp_path, quiet_trainer_kwargs, feature, message):
+    """GPT-OSS's sliding window, DeepSeek's MLA and MTP: computed FLOPs would be wrong, so they are refused
+    unless given (or counted); given, the run is measured as usual."""
+    import lightning.pytorch as pl
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    def fit(**settings):
+        _, model = plain_lm("lightning.pytorch")
+        model.config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=8, ffn_hidden_size=96)
+        for name, value in feature.items():
+            setattr(model.config, name, value)
+        callback = ThroughputCallback(model_spec={"vocab_size": 64}, seq_length=8, global_batch_size=2,
+                                      output_dir=str(tmp_path / str(len(settings))), warmup_steps=1, **settings)
+        pl.Trainer(max_steps=2, callbacks=[callback], logger=False, **quiet_trainer_kwargs).fit(model)
+        return callback
+
+    with pytest.raises(ValueError, match=message + ".*does not describe.*flops_per_sample"):
+        fit()
+    summary = json.loads(open(fit(flops_per_sample=1e9).summary_path).read())
+    assert summary["model"]["flops_formula"] == "user" and summary["status"] == "completed"
+
+
 # ---------------------------------------------------------------------- settings of the wrong type or value
 @pytest.mark.parametrize("settings, message", [
     ({"peak_tflops": "abc"}, r"peak_tflops must be a number .*got 'abc' \(str\)"),

@@ -255,7 +255,7 @@ def test_a_cut_last_line_of_steps_jsonl_is_left_out_with_a_note(tmp_path, capsys
     assert code == 0 and f"note: {tmp_path}/a/steps.jsonl: its last line is incomplete" in err
 
 
-def test_profiled_steps_in_steps_jsonl_are_left_out_of_a_window_with_a_note(tmp_path):
+def test_profiled_and_skipped_steps_in_steps_jsonl_are_left_out_of_a_window_with_a_note(tmp_path):
     profiled = [json.dumps({"step": n, "warmup": False, "profiled": True, "step_time_s": 7.0, "ranks": []}) + "\n"
                 for n in (4, 5)]
     path = write_steps(good_run(tmp_path, "a"), [step_line(n, 1.0) for n in range(1, 4)] + profiled
@@ -263,6 +263,11 @@ def test_profiled_steps_in_steps_jsonl_are_left_out_of_a_window_with_a_note(tmp_
     run = load_run(path, Window.parse("1:"))
     assert (run.step_time_s, run.steps_counted) == (pytest.approx(7.0 / 5), 5)
     assert run.notes == [f"{tmp_path}/a/steps.jsonl: steps 4-5 ran under the profiler (profile_steps); left out"]
+    skipped = json.dumps({"step": 8, "skipped": True, "step_time_s": 9.0, "ranks": []}) + "\n"
+    write_steps(path, [step_line(n, 1.0) for n in range(1, 8)] + [skipped])
+    run = load_run(path, Window.parse("1:"))
+    assert (run.step_time_s, run.steps_counted) == (1.0, 7)
+    assert run.notes == [f"{tmp_path}/a/steps.jsonl: 1 skipped iteration(s) (no optimizer update: 8); left out"]
     bad = json.dumps({"step": 8, "profiled": "yes", "step_time_s": 1.0}) + "\n"
     write_steps(path, [step_line(1, 1.0), bad])
     with pytest.raises(ReportError, match="line 2: profiled is 'yes'; it must be true or false"):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_throughput.config import ThroughputConfig
+from nemo_throughput.flops import formula_gaps
 
 _GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
 _FP8_RECIPES = ("e4m3", "hybrid")
@@ -46,6 +47,7 @@ class ModuleFacts:
     micro_batch_size: int | None = None
     parallel: dict[str, int] = field(default_factory=dict)  # tensor/pipeline/context/virtual_pipeline
     fp8: bool = False
+    formula_gaps: list[str] = field(default_factory=list)  # what the model has that ModelSpec cannot describe
 
 
 def read_module(pl_module: Any, datamodule: Any = None) -> ModuleFacts:
@@ -105,7 +107,9 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
         micro_batch_size=_get(datamodule, "micro_batch_size"),
         parallel=parallel,
         fp8=_megatron_fp8(config),
+        formula_gaps=formula_gaps(config),
     )
+
 
 
 def _flag(obj: Any, key: str) -> bool:

@@ -411,7 +411,8 @@ def read_steps_jsonl(jsonl: Path) -> tuple[list[tuple[int, float]], list[str]]:
     The writer ends every line with a newline and flushes each interval, so a run that stopped
     while writing leaves at most its last line cut: that line is left out with a note. Any other
     bad line is an error: an average over it would be silently wrong. Steps of a profile window
-    (``"profiled": true``) ran under the profiler: they are left out, with a note.
+    (``"profiled": true``) ran under the profiler, and skipped iterations (``"skipped": true``, no
+    optimizer update): they are left out, with a note.
     """
     try:
         text = jsonl.read_text(encoding="utf-8")
@@ -427,14 +428,19 @@ def read_steps_jsonl(jsonl: Path) -> tuple[list[tuple[int, float]], list[str]]:
         except (ValueError, RecursionError):
             notes.append(f"{jsonl}: its last line is incomplete (cut off while being written?); left out, "
                          f"{len(rows)} steps read")
-    profiled = [step for step, _, was_profiled in rows if was_profiled]
+    profiled = [step for step, _, flags in rows if "profiled" in flags]
     if profiled:
         notes.append(f"{jsonl}: steps {profiled[0]}-{profiled[-1]} ran under the profiler (profile_steps); "
                      "left out")
-    return [(step, time_s) for step, time_s, was_profiled in rows if not was_profiled], notes
+    skipped = [step for step, _, flags in rows if "skipped" in flags]
+    if skipped:
+        shown_steps = ", ".join(map(str, skipped[:8])) + (", ..." if len(skipped) > 8 else "")
+        notes.append(f"{jsonl}: {len(skipped)} skipped iteration(s) (no optimizer update: {shown_steps}); left out")
+    return [(step, time_s) for step, time_s, flags in rows if not flags], notes
 
 
-def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float, bool]:
+def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float, set[str]]:
+    """(step, global step time, which of "profiled" / "skipped" the line says it was)."""
     where = f"{jsonl}: line {number}"
     try:
         row = json.loads(line)
@@ -443,10 +449,14 @@ def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float, bool]:
     if not isinstance(row, dict):
         raise ReportError(f"{where}: not a JSON object: {shown(line)}")
     fields = Fields(where, row)
-    profiled = row.get("profiled", False)
-    if not isinstance(profiled, bool):
-        raise fields.error("profiled", profiled, "it must be true or false")
-    return fields.count("step"), fields.positive("step_time_s"), profiled
+    flags = set()
+    for flag in ("profiled", "skipped"):
+        value = row.get(flag, False)
+        if not isinstance(value, bool):
+            raise fields.error(flag, value, "it must be true or false")
+        if value:
+            flags.add(flag)
+    return fields.count("step"), fields.positive("step_time_s"), flags
 
 
 def _in_step_order(steps: list[tuple[int, float]], where: str) -> list[tuple[int, float]]:

@@ -74,7 +74,7 @@ def lightning_part(out: Path) -> dict:
     summary = json.loads(Path(ours.summary_path).read_text())
     return {"status": summary["status"], "last_step": summary["timing"]["last_step"],
             "steps_measured": summary["timing"]["steps_measured"], "num_gpus": summary["hardware"]["num_gpus"],
-            "exchange_was_nccl": ours._exchange.nccl, "guarded_calls": guard.guarded_calls,
+            "exchange_was_nccl": ours.measurement._exchange.nccl, "guarded_calls": guard.guarded_calls,
             "syncs_by_log_step": guard.syncs_by_log_step, "mfu": summary["throughput"]["mfu"]}
 
 

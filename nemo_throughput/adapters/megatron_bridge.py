@@ -1,0 +1,200 @@
+"""The Megatron-Bridge callback: Bridge's training events -> :class:`~nemo_throughput.measurement.Measurement`.
+
+Megatron-Bridge (NeMo Framework's LLM training since nemo_toolkit 3.0) runs its own loop, not
+Lightning's; this adapter is a Bridge ``Callback``::
+
+    from nemo_throughput.adapters.megatron_bridge import ThroughputCallback
+    pretrain(cfg, forward_step, callbacks=[ThroughputCallback()])
+
+Everything is read from the ``ConfigContainer`` Bridge hands every event (``context.state.cfg``):
+the model shape, sequence length and parallel sizes from the model provider (``cfg.model``, a
+megatron-core ``TransformerConfig``), global and micro batch sizes from ``cfg.train``, the dtype
+from ``cfg.mixed_precision`` (an fp8 recipe counts as fp8), the step from ``state.train_state``.
+
+Bridge has no event inside a step: a step is timed from the end of the previous one to
+``on_train_step_end`` (one clock mark per event), with the data wait up to
+``on_train_step_start``; forward/backward/optimizer phases stay null. An iteration Bridge skipped
+(``skipped_iter``: no optimizer update) is timed and exchanged like any step but left out of the
+statistics, counted in the summary's ``timing.skipped_steps`` and marked in steps.jsonl.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.bridge.training.callbacks import Callback, CallbackContext
+
+from nemo_throughput.aggregation import RunStats
+from nemo_throughput.config import ThroughputConfig
+from nemo_throughput.flops import MEASURED, formula_gaps
+from nemo_throughput.hardware import dtype_for_precision
+from nemo_throughput.measurement import Measurement, gather_rank_records, resolve_run_facts, warnings_on_rank_zero
+from nemo_throughput.summary import RunFacts
+
+__all__ = ["ThroughputCallback", "describe_bridge_run"]
+
+log = logging.getLogger(__name__)
+
+CONFIG_SOURCE = "megatron-bridge ConfigContainer"
+_SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_query_groups",
+               "kv_channels", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
+               "moe_shared_expert_intermediate_size", "moe_layer_freq")
+_PARALLEL_KEYS = {
+    "tensor": "tensor_model_parallel_size",
+    "pipeline": "pipeline_model_parallel_size",
+    "context": "context_parallel_size",
+    "virtual_pipeline": "virtual_pipeline_model_parallel_size",
+    "expert": "expert_model_parallel_size",
+}
+
+
+class ThroughputCallback(Callback):
+    """Times every Megatron-Bridge training step and reports tokens/s, MFU and stragglers across ranks.
+
+    Keyword arguments are the fields of :class:`~nemo_throughput.config.ThroughputConfig`. A
+    ``target`` reads its metric from the step's ``loss_dict`` (log steps) and the evaluation's
+    ``total_loss_dict`` (e.g. ``"lm loss"``); ``stop: true`` is not available (Bridge lets no
+    callback stop training: use ``train.train_iters``).
+    """
+
+    def __init__(self, **settings: Any) -> None:
+        config = ThroughputConfig.from_mapping(settings)
+        if config.flops_formula == MEASURED and config.flops_per_sample is None:
+            # Bridge has no event before backward (the count could not be split) and its Transformer
+            # Engine kernels are invisible to torch's FLOP counter.
+            raise ValueError("flops_formula: measured is not available under Megatron-Bridge; keep a formula "
+                             "(the default reads the model from the ConfigContainer) or pass flops_per_sample=...")
+        self.measurement = Measurement(config)
+
+    @property
+    def config(self) -> ThroughputConfig:
+        return self.measurement.config
+
+    @property
+    def facts(self) -> RunFacts | None:
+        return self.measurement.facts
+
+    @property
+    def stats(self) -> RunStats | None:
+        return self.measurement.stats
+
+    @property
+    def output_dir(self) -> str | None:
+        return self.measurement.output_dir
+
+    @property
+    def summary_path(self) -> str | None:
+        return self.measurement.summary_path
+
+    # ----------------------------------------------------------------------- events
+    def on_train_start(self, context: CallbackContext) -> None:
+        if not self.measurement.is_set_up:
+            self._set_up(context.state.cfg)
+        self.measurement.train_start(context.state.train_state.step, _world_size())
+        # Bridge's own SIGTERM handler (train.exit_signal_handler) is installed by now.
+        self.measurement.watch_sigterm()
+
+    def on_train_step_start(self, context: CallbackContext) -> None:
+        self.measurement.step_start(context.state.train_state.step)
+
+    def on_train_step_end(self, context: CallbackContext) -> None:
+        step = context.state.train_state.step + 1  # Bridge counts the step after this event
+        self.measurement.step_end(step, lambda: _losses(context.loss_dict), skipped=bool(context.skipped_iter))
+
+    def on_eval_end(self, context: CallbackContext) -> None:
+        self.measurement.validation_end(context.state.train_state.step, lambda: _losses(context.total_loss_dict))
+
+    def on_train_end(self, context: CallbackContext) -> None:
+        self.measurement.train_end(context.state.train_state.step)
+
+    def _set_up(self, cfg: Any) -> None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        records = gather_rank_records()
+        with warnings_on_rank_zero(rank):
+            facts = describe_bridge_run(self.config, cfg, _device(), records)
+        self.measurement.set_up(facts, _device(), rank, records,
+                                requested_dir=os.path.join(os.getcwd(), "throughput"))
+
+
+def describe_bridge_run(config: ThroughputConfig, cfg: Any, device: torch.device,
+                        rank_records: list[dict[str, Any]]) -> RunFacts:
+    """The run's facts from a Bridge ``ConfigContainer``: settings first, then ``cfg.model``,
+    ``cfg.train`` and ``cfg.mixed_precision``."""
+    model = cfg.model
+    parallel = {name: int(value) for name, key in _PARALLEL_KEYS.items() if (value := getattr(model, key, None))}
+    hosts = {record["node"] for record in rank_records}
+    return resolve_run_facts(
+        config, spec_fields=model_spec_fields(model, _dataset_seq_length(cfg)), source=CONFIG_SOURCE,
+        parallel=parallel, global_batch_size=getattr(cfg.train, "global_batch_size", None),
+        micro_batch_size=getattr(cfg.train, "micro_batch_size", None), batches_per_step=1,
+        world_size=len(rank_records), num_nodes=len(hosts), device=device,
+        framework_dtype=bridge_dtype(cfg), rank_records=rank_records, formula_gaps=formula_gaps(model))
+
+
+def model_spec_fields(model: Any, seq_length: int | None = None) -> dict[str, Any]:
+    """ModelSpec fields of a Bridge model provider. The vocabulary is the logits GEMM's: padded as
+    the provider pads it when ``should_pad_vocab`` (to a multiple of ``make_vocab_size_divisible_by``
+    x tensor parallel size, as the perf recipes do), else as given."""
+    fields = {key: value for key in _SHAPE_KEYS if (value := getattr(model, key, None)) is not None}
+    if isinstance(fields.get("moe_layer_freq"), list):
+        fields["moe_layer_freq"] = tuple(fields["moe_layer_freq"])
+    fields["gated_linear_unit"] = bool(getattr(model, "gated_linear_unit", False))
+    seq_length = getattr(model, "seq_length", None) or seq_length
+    if seq_length:
+        fields["seq_length"] = seq_length
+    vocab_size = getattr(model, "vocab_size", None)
+    if vocab_size and getattr(model, "should_pad_vocab", False):
+        multiple = (getattr(model, "make_vocab_size_divisible_by", None) or 128) * \
+            (getattr(model, "tensor_model_parallel_size", None) or 1)
+        vocab_size = -(-vocab_size // multiple) * multiple
+    if vocab_size:
+        fields["vocab_size"] = vocab_size
+    return fields
+
+
+def bridge_dtype(cfg: Any) -> str | None:
+    """The matmul dtype of a Bridge run: ``cfg.mixed_precision`` (a MixedPrecisionConfig or a recipe
+    name such as "bf16_with_fp8_current_scaling_mixed"), else the model provider's flags. An fp8
+    recipe counts as fp8; fp4 has no peak in our table (MFU null unless dtype/peak_tflops are set)."""
+    precision = getattr(cfg, "mixed_precision", None)
+    if isinstance(precision, str):  # a recipe name, before Bridge's config validation turns it into its config
+        name = precision.lower().replace("-", "_")
+        if "fp4" in name:
+            return None
+        if "fp8" in name:
+            return "fp8"
+        for prefix in ("bf16", "fp16"):
+            if name.startswith(prefix) or f"_{prefix}_" in name:  # "nemotron_h_bf16_with_..."
+                return prefix
+        return dtype_for_precision("32")
+    source = precision if precision is not None else cfg.model
+    if getattr(source, "fp4", None):
+        return None
+    if getattr(source, "fp8", None):
+        return "fp8"
+    for flag, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
+        if getattr(source, flag, False):
+            return dtype
+    return dtype_for_precision("32")
+
+
+def _dataset_seq_length(cfg: Any) -> int | None:
+    return getattr(getattr(cfg, "dataset", None), "seq_length", None)
+
+
+def _losses(loss_dict: Mapping[str, Any] | None) -> dict[str, float]:
+    """Bridge's reduced losses as floats (read only on log steps with a target)."""
+    return {name: float(value) for name, value in (loss_dict or {}).items()}
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

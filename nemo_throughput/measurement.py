@@ -1,0 +1,647 @@
+"""A measured run, framework-free: what every adapter drives through plain event methods.
+
+An adapter (Lightning, Megatron-Bridge) resolves the run's facts with :func:`resolve_run_facts`,
+then calls :class:`Measurement`'s methods at its framework's events: ``set_up``, ``train_start``,
+``step_start``, ``before_backward``, ``before_optimizer``, ``step_end``, ``validation_end``,
+``train_end``, ``exception``. The measurement owns the step timer, the cross-rank exchange and its
+in-flight all-gather, the run statistics, the explanation sections, measured FLOPs, the time to
+target, the summary file, and the end of the run (SIGTERM, final exchange, rank files).
+
+Hot path (every step): one clock mark per event, nothing read. Log step (every
+``log_every_n_steps``): collect the previous steps, sample this rank's telemetry, start their
+all-gather, finish the one started on the last log step, log it and rewrite the summary (rank 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nemo_throughput import environment
+from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, Interval, RunStats, step_times
+from nemo_throughput.config import ThroughputConfig
+from nemo_throughput.explain.run import RunExplanation
+from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
+from nemo_throughput.hardware import device_name, identify, peak_tflops
+from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
+from nemo_throughput.signals import SigtermWatch
+from nemo_throughput.summary import (
+    STEPS_FILE,
+    USER_FLOPS,
+    OutputDirError,
+    RunFacts,
+    SummaryFile,
+    append_jsonl,
+    build_summary,
+    claim_output_dir,
+    write_json_atomic,
+)
+from nemo_throughput.target import MLPerfLog, Target, TimeToTarget
+from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, StepTimes, clock_for
+
+log = logging.getLogger(__name__)
+
+# Logs one interval's metrics (the adapter's loggers): (metrics, last step of the interval).
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+class Measurement:
+    """One run's measurement; every method is a framework event, called on every rank.
+
+    Steps are optimizer steps, numbered as the framework counts them: ``steps_done`` is how many
+    were finished when an event fires (Lightning's ``global_step``, Bridge's ``train_state.step``),
+    so the step that ends is ``steps_done + 1`` at its start and ``steps_done`` after it.
+    """
+
+    def __init__(self, config: ThroughputConfig) -> None:
+        self.config = config
+        self.facts: RunFacts | None = None
+        self.stats: RunStats | None = None
+        self.output_dir: str | None = None
+        self.rank = 0
+        self._device: torch.device | None = None
+        self._log_metrics: MetricsSink | None = None
+        self._summary_file: SummaryFile | None = None
+        self._timer: StepTimer | None = None
+        self._exchange: Exchange | None = None
+        self._explain: RunExplanation | None = None
+        self._in_flight: Gathered | None = None
+        self._flop_counter: StepFlopCounter | None = None  # flops_formula measured, until the first step ends
+        self.time_to_target: TimeToTarget | None = None  # target set: the run clock
+        self._mllog: MLPerfLog | None = None  # mllog on, rank 0
+        self._last_step = 0
+        self._done = False
+        # End of run: SIGTERM watch, the last consistent summary, and a lock (made when the watch
+        # is installed: a callback may be pickled before, as by ddp_spawn) between the two writers.
+        self._sigterm: SigtermWatch | None = None
+        self._snapshot: tuple[int, dict[str, Any]] | None = None
+        self._write_lock: threading.Lock | None = None
+
+    @property
+    def is_set_up(self) -> bool:
+        return self.facts is not None
+
+    @property
+    def is_training(self) -> bool:
+        return self._timer is not None
+
+    @property
+    def summary_path(self) -> str | None:
+        return os.path.join(self.output_dir, "summary.json") if self.output_dir else None
+
+    @property
+    def rank_summary_path(self) -> str | None:
+        """Where a rank other than 0 leaves what it knew when rank 0 may lack some of it."""
+        return os.path.join(self.output_dir, f"summary.rank{self.rank}.json") if self.output_dir else None
+
+    # ----------------------------------------------------------------------- set-up
+    def set_up(self, facts: RunFacts, device: torch.device, rank: int, records: list[dict[str, Any]],
+               requested_dir: str, log_metrics: MetricsSink | None = None) -> None:
+        """Claim the output directory (every rank learns the outcome) and start the run clock.
+        ``requested_dir`` is the adapter's default, used when no output_dir setting or variable is set."""
+        self.rank, self._device, self._log_metrics = rank, device, log_metrics
+        requested = self.config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR) or requested_dir
+        # Checked now, not when the summary is first written at the end of hours of training.
+        self.output_dir, facts.run_id = claim_output_dir_on_rank_zero(rank, requested, facts)
+        if self.config.per_step_jsonl:
+            facts.steps_jsonl = {"path": STEPS_FILE, "complete": True, "error": None}
+        self.facts = facts
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+        self._explain = RunExplanation(self.config, device, rank, facts.places, self.output_dir, records, backend)
+        self._exchange = Exchange(extras_width=self._explain.width)
+        self._start_run_clock()
+
+    def _start_run_clock(self) -> None:
+        """MLPerf's run_start: after set-up, before any data is touched."""
+        if self.config.target is None:
+            return
+        self.time_to_target = TimeToTarget(Target(**self.config.target))
+        self.time_to_target.start()
+        if self.config.mllog and self.rank == 0:
+            self._mllog = MLPerfLog(self.output_dir, self.facts.run_id)
+            self._mllog.run_start(self.facts.global_batch_size, self.time_to_target.started_wall_ms)
+
+    def train_start(self, steps_done: int, world_size: int) -> None:
+        if self.facts is None:
+            return
+        self._last_step = steps_done
+        self._in_flight, self._done = None, False
+        self.stats = RunStats(world_size, self.config.warmup_steps, start_step=steps_done,
+                                       excluded=self.config.profile_steps)
+        self._timer = StepTimer(clock_for(self._device))
+        if self.rank == 0:
+            self._summary_file = SummaryFile(self.summary_path)
+        if self.facts.flops_formula == MEASURED and self.facts.flops_per_sample is None:
+            self._flop_counter = StepFlopCounter()
+        self._update_summary()
+        self._timer.anchor()
+
+    def watch_sigterm(self) -> None:
+        """Install the SIGTERM watch (once): call it after the framework installed its own handler."""
+        if self._timer is None or self._sigterm is not None:
+            return
+        self._write_lock = threading.Lock()
+        self._sigterm = SigtermWatch(self._write_at_sigterm)
+        self._sigterm.install()
+
+    # ----------------------------------------------------------------------- hot path
+    def step_start(self, steps_done: int) -> None:
+        """A micro-batch (or the whole step, where the framework has no finer event) starts."""
+        if self._timer is not None:
+            self._timer.mark(START)
+            if self._flop_counter is not None:
+                self._count_flops_from_here(steps_done)
+            window = self._explain.window
+            if window is not None and window.contains(steps_done + 1):
+                window.step_start(steps_done + 1)
+
+    def before_backward(self) -> None:
+        if self._timer is not None:
+            self._timer.mark(BACKWARD)
+            if self._flop_counter is not None:
+                self._flop_counter.backward_starts()
+
+    def before_optimizer(self) -> None:
+        if self._timer is not None:
+            self._timer.mark(OPTIMIZER)
+
+    def step_end(self, step: int, metrics: Callable[[], Mapping[str, Any]] | None = None,
+                 skipped: bool = False) -> bool | None:
+        """Optimizer step ``step`` (1-based: steps done after it) ended; a repeated ``step`` is a
+        gradient-accumulation micro-batch and ignored. ``metrics`` reads the monitored values
+        (only called on log steps with a target). ``skipped``: the framework skipped the update
+        (Bridge's ``skipped_iter``, e.g. an inf/NaN gradient): the step is timed and exchanged like
+        any other, left out of the statistics and counted; every rank skips the same iterations
+        (the decision is reduced across ranks). Returns None, or, where a target with ``stop: true``
+        was checked, this rank's vote to stop (the adapter reduces it across ranks)."""
+        if self._timer is None or step == self._last_step:
+            return None
+        self._last_step = step
+        if skipped:
+            self.stats.skip(step)
+        self._timer.end_step(step)
+        if self._flop_counter is not None and self._flop_counter.counting:
+            self._take_measured_flops()
+        window = self._explain.window
+        if window is not None and window.contains(step):
+            window.step_end(step)
+            if step == window.last_step:
+                self._timer.anchor()  # stopping the profiler (and reading its trace) is no step's time
+        if step % self.config.log_every_n_steps != 0:
+            return None
+        vote = self._check_target(metrics, step, after_validation=False)
+        # Steps up to the previous one: their marks are at least one step old.
+        steps, extras = self._timer.collect(step - 1), self._explain.sample(step)
+        finished, self._in_flight = self._in_flight, self._exchange.start(steps, extras)
+        if finished is not None:
+            self._absorb(*finished.wait())
+        self._update_summary()
+        return vote
+
+    def _count_flops_from_here(self, steps_done: int) -> None:
+        """First micro-batch of the run's first step: start counting; later ones of it: a new forward."""
+        if self._flop_counter.counting:
+            self._flop_counter.forward_starts()
+        elif steps_done == self.stats.start_step:
+            self._flop_counter.start()
+
+    def _take_measured_flops(self) -> None:
+        """The counted step is over: from now on its FLOPs per sample give model TFLOPS and MFU."""
+        data_parallel = self.facts.parallel["data"]
+        counted = self._flop_counter.stop(samples=self.facts.global_batch_size // data_parallel)
+        self._flop_counter = None
+        self.facts.measured_flops = counted.to_dict()
+        try:
+            self.facts.flops_per_sample = flops_per_sample(counted, self.facts.num_gpus // data_parallel)
+        except ValueError as error:  # known only now: the run goes on without model TFLOPS and MFU
+            if self.rank == 0:
+                log.warning("nemo-throughput: %s Model TFLOPS and MFU stay null for this run.", error)
+            return
+        if self.rank == 0:
+            log.info("nemo-throughput: measured %.4g model FLOPs per sample (forward %.4g, backward %.4g FLOPs "
+                     "on this rank's %d samples of step %d)", self.facts.flops_per_sample, counted.forward,
+                     counted.backward, counted.samples, self._last_step)
+
+    def _stop_counting_flops(self) -> None:
+        if self._flop_counter is not None:
+            self._flop_counter.abandon()
+            self._flop_counter = None
+
+    def validation_end(self, steps_done: int, metrics: Callable[[], Mapping[str, Any]] | None = None) -> bool | None:
+        """A validation inside training ended: its time is no step's. Returns a stop vote as step_end does."""
+        if self._timer is None:
+            return None
+        vote = self._check_target(metrics, steps_done, after_validation=True)
+        self._timer.anchor()  # validation time is not part of the next training step
+        return vote
+
+    def _check_target(self, metrics: Callable[[], Mapping[str, Any]] | None, step: int,
+                      after_validation: bool) -> bool | None:
+        """Has the monitored metric reached the target? On every rank at the same points (log steps,
+        after validation), so that a stop decided across ranks pairs its collective."""
+        clock = self.time_to_target
+        if clock is None:
+            return None
+        first = clock.check(metrics() if metrics is not None else {}, step)
+        if self._mllog is not None and after_validation and first is not None:
+            self._mllog.evaluation(clock.value, step, samples=step * self.facts.global_batch_size)
+        if first:
+            self._on_target_reached(step)
+        return clock.reached if clock.target.stop else None
+
+    def _on_target_reached(self, step: int) -> None:
+        clock = self.time_to_target
+        if self.rank == 0:
+            log.info("nemo-throughput: %s = %.6g reached the target %s %g at step %d, %.3f s after run start",
+                     clock.target.metric, clock.value, "<=" if clock.target.mode == "min" else ">=",
+                     clock.target.value, step, clock.seconds)
+        if self._mllog is not None:
+            self._mllog.run_stop(True, clock.started_wall_ms + round(clock.seconds * 1000), step)
+            self._close_mllog()
+
+    def _close_mllog(self) -> None:
+        if self._mllog is not None:
+            self._mllog.close()
+            self._mllog = None
+
+    def _stop_run_clock(self, step: int) -> None:
+        """End of the run without the target reached: MLPerf's run_stop, aborted."""
+        if self._mllog is not None:
+            clock = self.time_to_target
+            self._mllog.run_stop(False, clock.started_wall_ms + round(clock.elapsed_s() * 1000), step)
+            self._close_mllog()
+
+    # ----------------------------------------------------------------------- end of run
+    def train_end(self, steps_done: int) -> None:
+        if self._timer is None:
+            return
+        self._stop_counting_flops()
+        self._stop_run_clock(steps_done)
+        self._finish("completed", None, self._flush(wait_for_device=True).missing)
+
+    def exception(self, steps_done: int, exception: BaseException) -> None:
+        """The run failed or was stopped (KeyboardInterrupt, SystemExit or SIGTERM: interrupted)."""
+        if self._timer is None or self._done:
+            return
+        self._stop_counting_flops()
+        self._stop_run_clock(steps_done)
+        sigterm = self._sigterm is not None and self._sigterm.received
+        interrupted = sigterm or isinstance(exception, (KeyboardInterrupt, SystemExit))
+        status = "interrupted" if interrupted else "failed"
+        error = f"{type(exception).__name__}: {exception}"
+        if sigterm and not isinstance(exception, SystemExit):  # Lightning's SIGTERMException is one
+            error += " (after SIGTERM)"
+        several_ranks = self._exchange.world_size > 1
+        if several_ranks:
+            # What this rank knows goes to disk before any collective: another rank may be gone,
+            # and SIGKILL follows SIGTERM within seconds.
+            self._write_now(self._with_end(self._summary(status, error),
+                                           f"steps after {self._absorbed_through()}: written before the final "
+                                           "exchange across ranks"))
+        # Several ranks: the device may be stuck behind a collective; read only finished steps.
+        final = self._flush(wait_for_device=not several_ranks, interrupted=interrupted)
+        others = [rank for rank in final.interrupted_ranks if rank != self.rank]
+        if others and not interrupted:  # this rank failed because another one was stopped
+            status, error = "interrupted", f"{error} (after {ranks_text(others)} had been interrupted)"
+        self._finish(status, error, final.missing)
+
+    # ----------------------------------------------------------------------- reporting
+    def _flush(self, wait_for_device: bool, interrupted: bool = False) -> FinalSteps:
+        """Exchange and absorb every step not yet absorbed, the interval in flight included,
+        waiting for the other ranks at most the final-exchange timeout."""
+        # The in-flight all-gather (default group) is never waited for: a peer may be gone. Its
+        # steps go again over the final exchange.
+        self._in_flight = None
+        if wait_for_device:  # else the device may be stuck: leave an open profile window as it is
+            self._explain.close()
+        pending = self._timer.collect(wait=wait_for_device)
+        extras = self._explain.sample(self._last_step)
+        final = self._exchange.finish(pending, self._absorbed_through(), interrupted, extras)
+        for interval in final.intervals():
+            self._absorb(interval)
+        if final.extras is not None:
+            self._explain.absorb(final.extras, measured=self.stats.is_measured(self._last_step))
+        if final.missing is not None:
+            log.warning("nemo-throughput: the summary lacks %s.", final.missing)
+        return final
+
+    def _absorbed_through(self) -> int:
+        return self.stats.last_step if self.stats.last_step is not None else self.stats.start_step
+
+    def _absorb(self, steps: torch.Tensor, extras: torch.Tensor | None = None) -> None:
+        interval = self.stats.add(steps)
+        if extras is not None:
+            sampled_at = int(extras[0, 0])
+            self._explain.absorb(extras, measured=self.stats.is_measured(sampled_at))
+        if interval is None or self.rank != 0:
+            return
+        metrics = self.facts.workload.metrics(interval.step_time_s)
+        log.info(format_interval(interval, metrics))
+        if self._log_metrics is not None:
+            logged = {f"throughput/{k}": v for k, v in metrics.items() if v is not None}
+            logged["throughput/step_time_s"] = interval.step_time_s
+            logged["throughput/slowest_rank"] = interval.slowest_rank
+            self._log_metrics(logged, interval.last_step)
+        if self.facts.steps_jsonl and self.facts.steps_jsonl["complete"]:
+            self._append_steps(steps)
+
+    def _append_steps(self, steps: torch.Tensor) -> None:
+        """One interval's rows, all or none; after a failure (a full disk) the file stops, marked
+        incomplete in the summary, and training goes on."""
+        path = os.path.join(self.output_dir, STEPS_FILE)
+        try:
+            append_jsonl(path, step_rows(steps, self.stats, self.facts.run_id))
+        except OSError as error:
+            self.facts.steps_jsonl.update(complete=False, error=f"{type(error).__name__}: {error}")
+            log.error("nemo-throughput: could not append to %s (%s); it stops here and the summary marks it "
+                      "incomplete. Training goes on.", path, error)
+
+    def _finish(self, status: str, error: str | None, missing: str | None) -> None:
+        """The final summary (rank 0); other ranks keep theirs only while rank 0 may lack their steps."""
+        summary = self._with_end(self._summary(status, error, final=True), missing)
+        with self._write_lock or contextlib.nullcontext():
+            self._done = True
+            if self.rank == 0:
+                self._summary_file.close(summary)
+                log.info("nemo-throughput: %s run summary written to %s", status, self.summary_path)
+            elif missing is None:  # the final exchange completed: rank 0 has every step this rank has
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.rank_summary_path)
+            elif self._write_rank_file(summary, durable=True):
+                log.warning("nemo-throughput: rank %d wrote what it knows to %s", self.rank, self.rank_summary_path)
+        if self._sigterm is not None:
+            self._sigterm.uninstall()
+            self._sigterm = None
+
+    def _write_at_sigterm(self) -> None:
+        """On the SIGTERM watch's thread: the last summary the training thread built (a consistent
+        one), marked interrupted, before the framework's handler broadcasts (which can hang)."""
+        if self._snapshot is None:
+            return
+        absorbed_through, snapshot = self._snapshot
+        summary = {**snapshot, "status": "interrupted", "error": "SIGTERM received"}
+        self._write_now(self._with_end(summary, f"steps after {absorbed_through}: written when SIGTERM arrived, "
+                                                "before the final exchange across ranks"))
+
+    def _write_now(self, summary: dict[str, Any]) -> None:
+        """This rank's interim summary: rank 0 through its background writer, others to their own file."""
+        with self._write_lock or contextlib.nullcontext():
+            if self._done:
+                return  # the final one is written; never replace it with an older one
+            if self.rank == 0:
+                self._summary_file.update(summary)
+            else:
+                self._write_rank_file(summary, durable=False)
+
+    def _write_rank_file(self, summary: dict[str, Any], durable: bool) -> bool:
+        # Never raise from here: an exception event must not replace the run's own error with ours.
+        try:
+            write_json_atomic(self.rank_summary_path, summary, durable=durable)
+            return True
+        except (OSError, ValueError) as error:
+            log.warning("nemo-throughput: could not write %s: %s", self.rank_summary_path, error)
+            return False
+
+    def _summary(self, status: str, error: str | None = None, final: bool = False) -> dict[str, Any]:
+        explained = self._explain.sections(self.facts.workload.tokens_per_step, final=final and self.rank == 0)
+        clock = self.time_to_target.section() if self.time_to_target is not None else None
+        summary = build_summary(self.facts, self.stats, status, error, explained, time_to_target=clock)
+        summary["timing"]["skipped_steps"] = len(self.stats.skipped)
+        return summary
+
+    def _with_end(self, summary: dict[str, Any], missing: str | None) -> dict[str, Any]:
+        """Add how the run ended: which rank wrote it, the signal, what the summary lacks."""
+        received = self._sigterm is not None and self._sigterm.received
+        summary["end"] = {"rank": self.rank, "signal": "SIGTERM" if received else None,
+                          "all_steps_exchanged": missing is None, "missing": missing}
+        return summary
+
+    def _update_summary(self) -> None:
+        """Rewrite the running summary, in the background (rank 0); _finish writes the final one.
+        Every rank keeps it, consistent as of this log step, for the SIGTERM watch to write."""
+        summary = self._summary("running")
+        self._snapshot = (self._absorbed_through(), summary)
+        if self.rank == 0:
+            self._summary_file.update(summary)
+
+
+# --------------------------------------------------------------------------- run facts
+def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any], source: str | None,
+                      parallel: Mapping[str, int], global_batch_size: int | None, micro_batch_size: int | None,
+                      batches_per_step: int, world_size: int, num_nodes: int, device: torch.device,
+                      framework_dtype: str | None, rank_records: list[dict[str, Any]] | None = None,
+                      formula_gaps: Sequence[str] = ()) -> RunFacts:
+    """Resolve model shape, batch and hardware: explicit settings first, then what the framework's
+    config says (``spec_fields``: ModelSpec fields; ``parallel``: tensor/pipeline/context/...
+    sizes; ``batches_per_step``: micro-batches per optimizer step on one rank, used only when the
+    global batch size is not known). ``rank_records``: every rank's :func:`environment.rank_record`.
+    ``formula_gaps``: what the model has that the formulas cannot describe (:func:`flops.formula_gaps`)."""
+    rank_records = rank_records or [environment.rank_record()]
+    shape = _shape_fields(config, spec_fields)
+    spec = _model_spec(config, shape, source)
+    _refuse_formula_gaps(config, formula_gaps)
+    rate = _primary_rate(config, shape.get("seq_length"))
+    model_parallel = 1
+    for name in ("tensor", "pipeline", "context"):
+        model_parallel *= parallel.get(name, 1)
+    if world_size % model_parallel:
+        raise ValueError(f"World size {world_size} is not a multiple of tensor x pipeline x context "
+                         f"parallel size {model_parallel} read from the model config.")
+    data_parallel = world_size // model_parallel
+
+    micro_batch_size = config.micro_batch_size or micro_batch_size
+    global_batch_size = config.global_batch_size or global_batch_size
+    if global_batch_size is None and micro_batch_size is not None:
+        global_batch_size = micro_batch_size * batches_per_step * data_parallel
+    if global_batch_size is None:
+        raise ValueError(
+            "nemo-throughput cannot tell the global batch size (samples per optimizer step) from this "
+            "model: pass global_batch_size=... or micro_batch_size=... to ThroughputCallback "
+            "(callbacks.throughput.global_batch_size=... with Hydra)."
+        )
+
+    gpu_name = device_name(device)
+    dtype = config.dtype or framework_dtype
+    if config.peak_tflops is not None:
+        peak, peak_source = config.peak_tflops, "user"
+    else:
+        peak = peak_tflops(gpu_name, dtype) if dtype else None
+        peak_source = f"table:{identify(gpu_name).name}" if peak is not None else None
+
+    orchestrator = environment.detect_orchestrator()
+    model_name = config.model_name or (spec.default_name() if spec else None)
+    if model_name is None:
+        raise ValueError("nemo-throughput cannot name the model: its FLOPs are given or measured and its shape is "
+                         "not known, so no parameter count to name it after. Pass model_name=... "
+                         "(callbacks.throughput.model_name=... with Hydra).")
+    started = datetime.now(timezone.utc)
+    return RunFacts(
+        name=config.run_name or f"{model_name}_{num_nodes}n{world_size}g_{started:%Y%m%dT%H%M%SZ}",
+        label=config.run_label or os.environ.get(environment.ENV_RUN_LABEL) or orchestrator,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        seq_length=shape.get("seq_length") or None,
+        rate=rate,
+        model_name=model_name,
+        model_spec=spec,
+        flops_formula=config.flops_formula if config.flops_per_sample is None else USER_FLOPS,
+        flops_per_sample=_flops_per_sample(config, spec),
+        gpu_name=gpu_name,
+        num_gpus=world_size,
+        num_nodes=num_nodes,
+        dtype=dtype,
+        peak_tflops=peak,
+        peak_source=peak_source,
+        parallel={"data": data_parallel, "tensor": 1, "pipeline": 1, "context": 1, **parallel},
+        environment={**environment.capture(rank_records), "model_config_source": source},
+        places=environment.places(rank_records),
+        settings=config.to_dict(),
+        started_at=started.isoformat(timespec="seconds"),
+    )
+
+
+def _flops_per_sample(config: ThroughputConfig, spec: ModelSpec | None) -> float | None:
+    """Given (say from a published table): used as is. Measured: None until the first step is counted."""
+    if config.flops_per_sample is not None:
+        return float(config.flops_per_sample)
+    if config.flops_formula == MEASURED:
+        return None
+    return model_flops_per_sample(spec, config.flops_formula)
+
+
+_SHAPE_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
+
+
+def _shape_fields(config: ThroughputConfig, spec_fields: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec fields: the model config's, overridden by the model_spec and seq_length settings."""
+    fields = {**spec_fields, **(config.model_spec or {})}
+    if config.seq_length:
+        fields["seq_length"] = config.seq_length
+    return fields
+
+
+def _primary_rate(config: ThroughputConfig, seq_length: int | None) -> str:
+    """tokens/s where samples are sequences of a known length, else samples/s (images, ...)."""
+    if config.rate == "auto":
+        return "tokens" if seq_length else "samples"
+    if config.rate == "tokens" and not seq_length:
+        raise ValueError("rate: tokens needs the sequence length, which the model config does not give: pass "
+                         "seq_length=... (callbacks.throughput.seq_length=... with Hydra), or rate: samples.")
+    return config.rate
+
+
+def _refuse_formula_gaps(config: ThroughputConfig, gaps: Sequence[str]) -> None:
+    """FLOPs from a formula that cannot describe the model would give a silently wrong MFU."""
+    if gaps and config.flops_per_sample is None and config.flops_formula != MEASURED:
+        raise ValueError(
+            f"nemo-throughput: the model uses {' and '.join(gaps)}, which the {config.flops_formula!r} FLOPs "
+            "formula does not describe, so its MFU would be wrong. Give the model's FLOPs per sample "
+            "(flops_per_sample=..., e.g. the figure Megatron-Bridge prints) or count them "
+            "(flops_formula: measured, Lightning only).")
+
+
+def _model_spec(config: ThroughputConfig, fields: dict[str, Any], source: str | None) -> ModelSpec | None:
+    """The model shape; None only when flops_per_sample is given or measured (then nothing of it is
+    needed: without a seq_length the rate is samples/s)."""
+    given_flops = config.flops_per_sample is not None or config.flops_formula == MEASURED
+    required = ("seq_length",) if given_flops and config.rate == "tokens" else () if given_flops else _SHAPE_REQUIRED
+    missing = [name for name in required if not fields.get(name)]
+    if missing:
+        found = f" (read from the model's {source})" if source else ""
+        raise ValueError(
+            f"nemo-throughput cannot tell the model shape{found}: missing {missing}. Pass them as "
+            f"ThroughputCallback(model_spec={{{', '.join(f'{n!r}: ...' for n in missing)}}}) or, with Hydra, "
+            f"callbacks.throughput.model_spec.{missing[0]}=... (and seq_length=... for the sequence length)."
+        )
+    if given_flops and not all(fields.get(name) for name in _SHAPE_REQUIRED):
+        return None
+    return ModelSpec.from_dict(fields)
+
+
+def claim_output_dir_on_rank_zero(rank: int, requested: str, facts: RunFacts) -> tuple[str, str]:
+    """Rank 0 makes the output directory this run's own (and probes that it can write there);
+    every rank learns the outcome (one small collective), so that all fail together, not rank 0
+    alone while the others wait for it. Returns (directory, run id)."""
+    outcome: dict[str, Any] = {"directory": requested, "run_id": facts.run_id, "error": None}
+    failure = None
+    if rank == 0:
+        try:
+            outcome["directory"] = str(claim_output_dir(requested, facts.name, facts.run_id))
+        except OutputDirError as error:
+            failure, outcome["error"] = error, str(error)
+    if dist.is_available() and dist.is_initialized():
+        shared = [outcome]
+        dist.broadcast_object_list(shared, src=0)
+        outcome = shared[0]
+    if failure is not None:
+        raise failure
+    if outcome["error"]:
+        raise OutputDirError(f"{outcome['error']} (on rank 0)")
+    return outcome["directory"], outcome["run_id"]
+
+
+@contextlib.contextmanager
+def warnings_on_rank_zero(rank: int) -> Iterator[None]:
+    """Silence set-up warnings (such as an unknown GPU peak) on all ranks but rank 0."""
+    package_log = logging.getLogger("nemo_throughput")
+    level = package_log.level
+    if rank != 0:
+        package_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        package_log.setLevel(level)
+
+
+def gather_rank_records() -> list[dict[str, Any]]:
+    """Every rank's node and communication settings, gathered once at set-up (one small collective)."""
+    record = environment.rank_record()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [record]
+    records: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(records, record)
+    return records
+
+
+def ranks_text(ranks: list[int], shown: int = 8) -> str:
+    listed = ", ".join(map(str, ranks[:shown])) + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {listed}"
+
+
+def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:
+    """One readable line per log interval."""
+    warmup = " (profiled steps not counted)" if interval.profiled else " (warm-up)" if interval.warmup else ""
+    parts = [f"step {interval.step_time_s:.4g} s (max {interval.max_step_time_s:.4g})"]
+    if metrics["tokens_per_s"] is not None:
+        parts += [f"{metrics['tokens_per_s']:,.0f} tok/s", f"{metrics['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"]
+    else:  # samples that are not token sequences
+        parts.append(f"{metrics['samples_per_s']:,.4g} samples/s")
+    if metrics["model_tflops_per_gpu"] is not None:
+        parts.append(f"{metrics['model_tflops_per_gpu']:.4g} TFLOPS/GPU")
+    parts.append(f"MFU {100 * metrics['mfu']:.1f}%" if metrics["mfu"] is not None else "MFU n/a")
+    parts.append(f"slowest rank {interval.slowest_rank}")
+    return f"[throughput] steps {interval.first_step}-{interval.last_step}{warmup}: " + " | ".join(parts)
+
+
+def step_rows(steps: torch.Tensor, stats: RunStats, run_id: str) -> list[dict[str, Any]]:
+    """Per-step JSON Lines rows: the global (slowest-rank) time and every rank's phases, and the
+    run's id (so that rows of two runs can never be taken for one). ``skipped``: an iteration the
+    framework skipped (no optimizer update), left out of the statistics."""
+    per_rank = [step_times(steps, rank) for rank in range(steps.shape[0])]
+    return [{
+        "step": ranks[0].step,
+        "run_id": run_id,
+        "warmup": stats.is_warmup(ranks[0].step),
+        "profiled": stats.is_excluded(ranks[0].step),
+        "skipped": ranks[0].step in stats.skipped,
+        "step_time_s": max(r.step_s for r in ranks),
+        "ranks": [{name: getattr(r, name) for name in StepTimes.VALUES} for r in ranks],
+    } for ranks in zip(*per_rank, strict=True)]

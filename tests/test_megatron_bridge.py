@@ -1,0 +1,273 @@
+"""The Megatron-Bridge adapter driven by the real megatron-bridge package (0.6.2).
+
+What runs here is Bridge's own ``megatron.bridge.training.callbacks`` — ``Callback``,
+``CallbackContext``, ``CallbackManager`` (its ``add``, which picks the overridden events, and its
+``fire``) — around a tiny real torch model and optimizer, in one process and in a real gloo group
+of two processes. What cannot run on Python 3.11 with megatron-core 0.16 is Bridge's
+``ConfigContainer`` / ``GlobalState`` (``megatron.bridge.training.config`` imports
+``megatron.training``, shipped with megatron-core >= 0.17, cp312 only, and transformers); the
+state handed to the events is therefore a stand-in with the same attribute paths (``state.cfg.model``
+a real megatron-core ``TransformerConfig`` subclass with GPTModelProvider's extra fields,
+``state.cfg.train``, ``state.cfg.mixed_precision`` a Bridge recipe name, ``state.train_state.step``).
+The full ``pretrain`` loop needs CUDA and Python 3.12: tests/gpu.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import free_port
+
+
+def _import_bridge_callbacks():
+    """megatron.bridge's package __init__ imports every model bridge (transformers, diffusers, ...);
+    its callbacks module imports nothing of that. Register the package by its path (its own
+    modules stay the real ones) unless the full package imports (Python 3.12 with its deps)."""
+    try:
+        return importlib.import_module("megatron.bridge.training.callbacks")
+    except ImportError:
+        pass
+    for name in [n for n in sys.modules if n.startswith("megatron.bridge")]:
+        del sys.modules[name]
+    spec = importlib.util.find_spec("megatron")
+    if spec is None or not any(os.path.isdir(os.path.join(p, "bridge")) for p in spec.submodule_search_locations):
+        pytest.skip("megatron-bridge is not installed (.ci/setup installs it)", allow_module_level=True)
+    package = types.ModuleType("megatron.bridge")
+    package.__path__ = [os.path.join(p, "bridge") for p in spec.submodule_search_locations]
+    sys.modules["megatron.bridge"] = package
+    return importlib.import_module("megatron.bridge.training.callbacks")
+
+
+bridge_callbacks = _import_bridge_callbacks()
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+from nemo_throughput.adapters.megatron_bridge import ThroughputCallback  # noqa: E402
+
+CallbackContext, CallbackManager = bridge_callbacks.CallbackContext, bridge_callbacks.CallbackManager
+
+
+@dataclass
+class TinyGPTProvider(TransformerConfig):
+    """GPTModelProvider's fields on top of megatron-core's TransformerConfig (as Bridge declares them)."""
+
+    seq_length: int = 64
+    vocab_size: int | None = None
+    make_vocab_size_divisible_by: int = 128
+    should_pad_vocab: bool = False
+
+
+@dataclass
+class TrainingConfig:  # cfg.train: the fields the adapter reads
+    global_batch_size: int
+    micro_batch_size: int
+    train_iters: int
+
+
+@dataclass
+class ConfigContainer:  # stand-in: the real one cannot be imported on Python 3.11 (module docstring)
+    model: TinyGPTProvider
+    train: TrainingConfig
+    mixed_precision: str | None = "bf16_mixed"
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+
+
+@dataclass
+class GlobalState:
+    cfg: ConfigContainer
+    train_state: TrainState = field(default_factory=TrainState)
+
+
+def llama_like_config(tensor_parallel=1, mixed_precision="bf16_mixed", steps=10, pad_vocab=True):
+    model = TinyGPTProvider(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                            ffn_hidden_size=176, gated_linear_unit=True, vocab_size=1000,
+                            should_pad_vocab=pad_vocab, tensor_model_parallel_size=tensor_parallel)
+    return ConfigContainer(model=model, train=TrainingConfig(global_batch_size=8, micro_batch_size=2,
+                                                             train_iters=steps),
+                           mixed_precision=mixed_precision)
+
+
+def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0):
+    """Bridge's train loop's callback points (train.py) around a real tiny model and optimizer."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    manager = CallbackManager()
+    manager.add(callback)
+    state = GlobalState(cfg)
+
+    def context(**fields):
+        return CallbackContext(state=state, model=[model], user_state=manager.user_state, optimizer=optimizer,
+                               **fields)
+
+    manager.fire("on_train_start", context())
+    while state.train_state.step < cfg.train.train_iters:
+        manager.fire("on_train_step_start", context())
+        loss = model(torch.randn(cfg.train.micro_batch_size, 16)).pow(2).mean()
+        loss.backward()
+        time.sleep(slow_s)
+        skip = state.train_state.step + 1 in skipped
+        if not skip:
+            optimizer.step()
+        optimizer.zero_grad()
+        manager.fire("on_train_step_end", context(loss_dict={"lm loss": loss.detach()}, grad_norm=1.0,
+                                                  skipped_iter=skip))
+        state.train_state.step += 1
+        if state.train_state.step in eval_at:
+            manager.fire("on_eval_start", context())
+            time.sleep(0.05)  # evaluation: no step's time
+            manager.fire("on_eval_end", context(total_loss_dict={"lm loss": torch.tensor(1.0)}))
+    manager.fire("on_train_end", context())
+
+
+def lightning_summary_keys(tmp_path):
+    """Every key path of a real Lightning run's summary, to compare schemas."""
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback as LightningCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    callback = LightningCallback(output_dir=str(tmp_path / "lightning"), log_every_n_steps=2, warmup_steps=1,
+                                  per_step_jsonl=True)
+    trainer = pl.Trainer(max_steps=6, accelerator="cpu", devices=1, default_root_dir=tmp_path, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                         callbacks=[callback])
+    trainer.fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
+    return key_paths(json.loads(open(callback.summary_path).read()))
+
+
+def key_paths(obj, prefix=""):
+    """Key paths down to the sections whose keys vary with the run by design (rank lists, settings)."""
+    if not isinstance(obj, dict) or prefix.rstrip(".") in ("settings", "environment", "model.spec", "parallel"):
+        return {prefix.rstrip(".")}
+    return {path for key, value in obj.items() for path in key_paths(value, f"{prefix}{key}.")} | {prefix.rstrip(".")}
+
+
+def test_a_bridge_run_writes_the_lightning_summary_with_skipped_iterations_counted(tmp_path):
+    callback = ThroughputCallback(output_dir=str(tmp_path / "bridge"), log_every_n_steps=2, warmup_steps=1,
+                                  per_step_jsonl=True)
+    cfg = llama_like_config(mixed_precision="bf16_with_fp8_current_scaling_mixed", steps=10)
+    run_bridge_loop(cfg, callback, skipped=(4, 7), eval_at=(5,))
+    summary = json.loads(open(callback.summary_path).read())
+
+    assert summary["status"] == "completed" and summary["end"]["all_steps_exchanged"]
+    timing = summary["timing"]
+    assert timing["last_step"] == 10 and timing["skipped_steps"] == 2
+    assert timing["steps_measured"] == 10 - 1 - 2  # warm-up step 1 and the skipped 4 and 7 left out
+    assert timing["breakdown_s"]["data"] is not None and timing["breakdown_s"]["forward"] is None  # no inner events
+    rows = [json.loads(line) for line in open(os.path.join(callback.output_dir, "steps.jsonl"))]
+    assert [row["step"] for row in rows] == list(range(1, 11))
+    assert [row["step"] for row in rows if row["skipped"]] == [4, 7]
+    assert summary["batch"] == {"global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
+                                "tokens_per_step": 8 * 64}
+    spec = summary["model"]["spec"]
+    shape = (spec["num_layers"], spec["hidden_size"], spec["num_query_groups"], spec["ffn_hidden_size"])
+    assert shape == (2, 64, 2, 176)
+    assert spec["gated_linear_unit"] is True and spec["vocab_size"] == 1024  # padded to a multiple of 128 x TP 1
+    assert summary["hardware"]["dtype"] == "fp8" and summary["hardware"]["num_gpus"] == 1
+    assert summary["parallel"]["data"] == 1 and summary["parallel"]["tensor"] == 1
+    assert summary["environment"]["model_config_source"] == "megatron-bridge ConfigContainer"
+    tokens_per_s = summary["throughput"]["tokens_per_s"]
+    assert tokens_per_s == pytest.approx(8 * 64 / timing["step_time_s"]["mean"])
+
+    assert key_paths(summary) == lightning_summary_keys(tmp_path)
+
+
+def test_measured_flops_are_refused_with_what_to_do_instead():
+    with pytest.raises(ValueError, match="flops_formula: measured is not available under Megatron-Bridge"):
+        ThroughputCallback(flops_formula="measured")
+
+
+def test_bridge_registers_only_the_events_the_adapter_handles():
+    manager = CallbackManager()
+    manager.add(ThroughputCallback())
+    assert {e for e in manager.events if manager.has_callbacks(e)} == {
+        "on_train_start", "on_train_step_start", "on_train_step_end", "on_eval_end", "on_train_end"}
+
+
+def test_the_dtype_follows_bridge_mixed_precision_and_the_vocabulary_the_provider_pads(tmp_path):
+    for recipe, dtype in (("bf16_mixed", "bf16"), ("bf16_with_mxfp8_mixed", "fp8"), ("fp16_mixed", "fp16")):
+        callback = ThroughputCallback(output_dir=str(tmp_path / recipe), log_every_n_steps=2)
+        run_bridge_loop(llama_like_config(mixed_precision=recipe, steps=2, pad_vocab=False), callback)
+        summary = json.loads(open(callback.summary_path).read())
+        assert summary["hardware"]["dtype"] == dtype
+        assert summary["model"]["spec"]["vocab_size"] == 1000  # should_pad_vocab off: the logits are 1000 wide
+
+
+def _two_rank_worker(rank, port, output_dir, results):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    callback = ThroughputCallback(output_dir=output_dir, log_every_n_steps=3, warmup_steps=1)
+    # Rank 1 is ten times slower on purpose: the straggler must be named.
+    run_bridge_loop(llama_like_config(tensor_parallel=2, steps=9), callback, skipped=(5,),
+                    slow_s=0.05 if rank == 1 else 0.005)
+    results[rank] = callback.summary_path
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_in_a_real_gloo_group_name_the_slow_rank_and_agree_on_skipped_steps(tmp_path):
+    results = mp.Manager().dict()
+    mp.start_processes(_two_rank_worker, args=(free_port(), str(tmp_path / "out"), results), nprocs=2,
+                       start_method="spawn", join=True)
+    summary = json.loads(open(results[0]).read())
+    assert summary["status"] == "completed" and summary["end"]["all_steps_exchanged"]
+    assert summary["hardware"]["num_gpus"] == 2
+    assert summary["parallel"]["tensor"] == 2 and summary["parallel"]["data"] == 1
+    assert summary["model"]["spec"]["vocab_size"] == 1024  # multiple of 128 x TP 2 = 256
+    timing = summary["timing"]
+    assert timing["last_step"] == 9 and timing["skipped_steps"] == 1 and timing["steps_measured"] == 9 - 1 - 1
+    assert timing["slowest_rank"] == 1 and len(timing["per_rank_step_time_s"]) == 2
+    assert not os.path.exists(os.path.join(os.path.dirname(results[0]), "summary.rank1.json"))
+
+
+def test_a_target_reads_bridge_losses(tmp_path):
+    callback = ThroughputCallback(output_dir=str(tmp_path / "target"), log_every_n_steps=2,
+                                  target={"metric": "lm loss", "value": 1e9, "mode": "min"})
+    run_bridge_loop(llama_like_config(steps=4), callback, eval_at=(3,))
+    section = json.loads(open(callback.summary_path).read())["time_to_target"]
+    assert section["status"] == "target_reached" and section["step"] == 2  # the first log step's loss_dict
+
+
+def test_the_adapters_stand_on_the_core_alone():
+    """DESIGN.md: each framework adapter stands on the framework-free core and on nothing beside it."""
+    import ast
+    from pathlib import Path
+
+    import nemo_throughput
+
+    package = Path(nemo_throughput.__file__).parent
+
+    def imported(path):
+        tree = ast.parse(path.read_text())
+        return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | {
+            alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+
+    core = imported(package / "measurement.py")
+    frameworks = ("lightning", "pytorch_lightning", "megatron", "nemo", "hydra")
+    assert not {m for m in core if m.startswith("nemo_throughput.adapters") or m.split(".")[0] in frameworks}
+    bridge = imported(package / "adapters" / "megatron_bridge.py")
+    assert not {m for m in bridge if m.startswith(("nemo_throughput.adapters", "lightning", "pytorch_lightning"))}
+
+
+def test_a_sliding_window_model_needs_its_flops_given(tmp_path):
+    """GPT-OSS's sliding-window layers: the formulas would count them as full attention (about +5 %)."""
+    cfg = llama_like_config(steps=2)
+    cfg.model.window_size = (128, 0)
+    with pytest.raises(ValueError, match=r"sliding-window attention \(window_size=\(128, 0\)\).*flops_per_sample"):
+        run_bridge_loop(cfg, ThroughputCallback(output_dir=str(tmp_path / "computed"), log_every_n_steps=2))
+    given = ThroughputCallback(output_dir=str(tmp_path / "given"), log_every_n_steps=2, flops_per_sample=9.4e13)
+    run_bridge_loop(cfg, given)
+    summary = json.loads(open(given.summary_path).read())
+    assert summary["model"]["flops_per_sample"] == 9.4e13 and summary["model"]["flops_formula"] == "user"
