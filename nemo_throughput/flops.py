@@ -229,19 +229,3 @@ def require_positive_int(name: str, value: Any, prefix: str = "ModelSpec: ") -> 
     """Raise ValueError naming ``name`` unless ``value`` is an int > 0 (a bool is not one)."""
     if not _is_int(value) or value <= 0:
         raise ValueError(f"{prefix}{name} must be a positive integer, got {value!r}.")
-
-
-def formula_gaps(config: Any) -> list[str]:
-    """Features of a megatron-core ``TransformerConfig`` (read duck-typed) that the GPT formulas do
-    not describe, so that FLOPs computed from its shape would be wrong: sliding-window layers would
-    count as full attention (GPT-OSS: about +5 %), and there is no multi-latent attention or
-    multi-token prediction (DeepSeek-V3)."""
-    gaps = []
-    window = getattr(config, "window_size", None)
-    if window is not None:
-        gaps.append(f"sliding-window attention (window_size={window!r})")
-    if getattr(config, "multi_latent_attention", False) is True:
-        gaps.append("multi-latent attention (multi_latent_attention=True)")
-    if getattr(config, "mtp_num_layers", None):
-        gaps.append(f"multi-token prediction (mtp_num_layers={config.mtp_num_layers})")
-    return gaps

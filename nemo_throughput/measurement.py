@@ -433,6 +433,36 @@ class Measurement:
             self._summary_file.update(summary)
 
 
+class MeasurementView:
+    """What an adapter's callers read back (after a run, in tests): its measurement's."""
+
+    measurement: Measurement
+
+    @property
+    def config(self) -> ThroughputConfig:
+        return self.measurement.config
+
+    @property
+    def facts(self) -> RunFacts | None:
+        return self.measurement.facts
+
+    @property
+    def stats(self) -> RunStats | None:
+        return self.measurement.stats
+
+    @property
+    def output_dir(self) -> str | None:
+        return self.measurement.output_dir
+
+    @property
+    def summary_path(self) -> str | None:
+        return self.measurement.summary_path
+
+    @property
+    def rank_summary_path(self) -> str | None:
+        return self.measurement.rank_summary_path
+
+
 # --------------------------------------------------------------------------- run facts
 def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any], source: str | None,
                       parallel: Mapping[str, int], global_batch_size: int | None, micro_batch_size: int | None,

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nemo_throughput.adapters.nemo import read_module
-from nemo_throughput.aggregation import RunStats
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.hardware import dtype_for_precision
 from nemo_throughput.measurement import (
     Measurement,
+    MeasurementView,
     format_interval,
     gather_rank_records,
     resolve_run_facts,
@@ -51,7 +51,7 @@ def _callback_bases() -> tuple[type, ...]:
     return tuple(bases)
 
 
-class ThroughputCallback(*_callback_bases()):
+class ThroughputCallback(MeasurementView, *_callback_bases()):
     """Times every optimizer step and reports tokens/s, MFU and stragglers across ranks.
 
     Keyword arguments are the fields of :class:`~nemo_throughput.config.ThroughputConfig`.
@@ -61,31 +61,6 @@ class ThroughputCallback(*_callback_bases()):
         self.measurement = Measurement(ThroughputConfig.from_mapping(settings))
         self.from_hydra_config = False  # set by the `+callbacks=throughput` factory
         self._read_metrics: Callable[[], Mapping[str, Any]] | None = None  # the trainer's, made at set-up
-
-    # What a run's caller reads back: the measurement's.
-    @property
-    def config(self) -> ThroughputConfig:
-        return self.measurement.config
-
-    @property
-    def facts(self) -> RunFacts | None:
-        return self.measurement.facts
-
-    @property
-    def stats(self) -> RunStats | None:
-        return self.measurement.stats
-
-    @property
-    def output_dir(self) -> str | None:
-        return self.measurement.output_dir
-
-    @property
-    def summary_path(self) -> str | None:
-        return self.measurement.summary_path
-
-    @property
-    def rank_summary_path(self) -> str | None:
-        return self.measurement.rank_summary_path
 
     @property
     def _time_to_target(self) -> TimeToTarget | None:

@@ -29,11 +29,17 @@ import torch
 import torch.distributed as dist
 from megatron.bridge.training.callbacks import Callback, CallbackContext
 
-from nemo_throughput.aggregation import RunStats
 from nemo_throughput.config import ThroughputConfig
-from nemo_throughput.flops import MEASURED, formula_gaps
+from nemo_throughput.flops import MEASURED
 from nemo_throughput.hardware import dtype_for_precision
-from nemo_throughput.measurement import Measurement, gather_rank_records, resolve_run_facts, warnings_on_rank_zero
+from nemo_throughput.measurement import (
+    Measurement,
+    MeasurementView,
+    gather_rank_records,
+    resolve_run_facts,
+    warnings_on_rank_zero,
+)
+from nemo_throughput.megatron_config import formula_gaps, parallel_sizes, shape_fields
 from nemo_throughput.summary import RunFacts
 
 __all__ = ["ThroughputCallback", "describe_bridge_run"]
@@ -41,19 +47,9 @@ __all__ = ["ThroughputCallback", "describe_bridge_run"]
 log = logging.getLogger(__name__)
 
 CONFIG_SOURCE = "megatron-bridge ConfigContainer"
-_SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_query_groups",
-               "kv_channels", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
-               "moe_shared_expert_intermediate_size", "moe_layer_freq")
-_PARALLEL_KEYS = {
-    "tensor": "tensor_model_parallel_size",
-    "pipeline": "pipeline_model_parallel_size",
-    "context": "context_parallel_size",
-    "virtual_pipeline": "virtual_pipeline_model_parallel_size",
-    "expert": "expert_model_parallel_size",
-}
 
 
-class ThroughputCallback(Callback):
+class ThroughputCallback(MeasurementView, Callback):
     """Times every Megatron-Bridge training step and reports tokens/s, MFU and stragglers across ranks.
 
     Keyword arguments are the fields of :class:`~nemo_throughput.config.ThroughputConfig`. A
@@ -70,26 +66,6 @@ class ThroughputCallback(Callback):
             raise ValueError("flops_formula: measured is not available under Megatron-Bridge; keep a formula "
                              "(the default reads the model from the ConfigContainer) or pass flops_per_sample=...")
         self.measurement = Measurement(config)
-
-    @property
-    def config(self) -> ThroughputConfig:
-        return self.measurement.config
-
-    @property
-    def facts(self) -> RunFacts | None:
-        return self.measurement.facts
-
-    @property
-    def stats(self) -> RunStats | None:
-        return self.measurement.stats
-
-    @property
-    def output_dir(self) -> str | None:
-        return self.measurement.output_dir
-
-    @property
-    def summary_path(self) -> str | None:
-        return self.measurement.summary_path
 
     # ----------------------------------------------------------------------- events
     def on_train_start(self, context: CallbackContext) -> None:
@@ -126,7 +102,7 @@ def describe_bridge_run(config: ThroughputConfig, cfg: Any, device: torch.device
     """The run's facts from a Bridge ``ConfigContainer``: settings first, then ``cfg.model``,
     ``cfg.train`` and ``cfg.mixed_precision``."""
     model = cfg.model
-    parallel = {name: int(value) for name, key in _PARALLEL_KEYS.items() if (value := getattr(model, key, None))}
+    parallel = parallel_sizes(model)
     hosts = {record["node"] for record in rank_records}
     return resolve_run_facts(
         config, spec_fields=model_spec_fields(model, _dataset_seq_length(cfg)), source=CONFIG_SOURCE,
@@ -140,9 +116,7 @@ def model_spec_fields(model: Any, seq_length: int | None = None) -> dict[str, An
     """ModelSpec fields of a Bridge model provider. The vocabulary is the logits GEMM's: padded as
     the provider pads it when ``should_pad_vocab`` (to a multiple of ``make_vocab_size_divisible_by``
     x tensor parallel size, as the perf recipes do), else as given."""
-    fields = {key: value for key in _SHAPE_KEYS if (value := getattr(model, key, None)) is not None}
-    if isinstance(fields.get("moe_layer_freq"), list):
-        fields["moe_layer_freq"] = tuple(fields["moe_layer_freq"])
+    fields = shape_fields(model)
     fields["gated_linear_unit"] = bool(getattr(model, "gated_linear_unit", False))
     seq_length = getattr(model, "seq_length", None) or seq_length
     if seq_length:

@@ -16,25 +16,14 @@ import dataclasses
 import inspect
 import types
 import typing
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_throughput.config import ThroughputConfig
-from nemo_throughput.flops import formula_gaps
+from nemo_throughput.megatron_config import formula_gaps, get, parallel_sizes, shape_fields
 
 _GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
 _FP8_RECIPES = ("e4m3", "hybrid")
-_SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_query_groups",
-               "kv_channels", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
-               "moe_shared_expert_intermediate_size", "moe_layer_freq")
-_PARALLEL_KEYS = {
-    "tensor": "tensor_model_parallel_size",
-    "pipeline": "pipeline_model_parallel_size",
-    "context": "context_parallel_size",
-    "virtual_pipeline": "virtual_pipeline_model_parallel_size",
-    "expert": "expert_model_parallel_size",
-}
 
 
 @dataclass
@@ -52,10 +41,10 @@ class ModuleFacts:
 
 def read_module(pl_module: Any, datamodule: Any = None) -> ModuleFacts:
     cfg = getattr(pl_module, "cfg", None)
-    if _get(cfg, "num_layers") is not None and _get(cfg, "hidden_size") is not None:
+    if get(cfg, "num_layers") is not None and get(cfg, "hidden_size") is not None:
         return _from_nemo1_cfg(cfg, pl_module)
     config = getattr(pl_module, "config", None)
-    if _get(config, "num_layers") is not None and _get(config, "hidden_size") is not None:
+    if get(config, "num_layers") is not None and get(config, "hidden_size") is not None:
         return _from_megatron_config(config, pl_module, datamodule)
     return ModuleFacts()
 
@@ -67,44 +56,44 @@ def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tensor_parallel:
 
 
 def _from_nemo1_cfg(cfg: Any, pl_module: Any) -> ModuleFacts:
-    spec = _shape(cfg)
-    spec["gated_linear_unit"] = str(_get(cfg, "activation") or "").lower() in _GATED_ACTIVATIONS
-    seq_length = _get(cfg, "encoder_seq_length") or _get(cfg, "seq_length")
+    spec = shape_fields(cfg)
+    spec["gated_linear_unit"] = str(get(cfg, "activation") or "").lower() in _GATED_ACTIVATIONS
+    seq_length = get(cfg, "encoder_seq_length") or get(cfg, "seq_length")
     if seq_length:
         spec["seq_length"] = seq_length
-    vocab = getattr(pl_module, "padded_vocab_size", None) or _get(cfg, "padded_vocab_size")
+    vocab = getattr(pl_module, "padded_vocab_size", None) or get(cfg, "padded_vocab_size")
     if vocab:
         spec["vocab_size"] = vocab
     return ModuleFacts(
         source="nemo1 cfg",
         spec_fields=spec,
-        global_batch_size=_get(cfg, "global_batch_size"),
-        micro_batch_size=_get(cfg, "micro_batch_size"),
-        parallel=_parallel(cfg),
+        global_batch_size=get(cfg, "global_batch_size"),
+        micro_batch_size=get(cfg, "micro_batch_size"),
+        parallel=parallel_sizes(cfg),
         fp8=_flag(cfg, "fp8"),
     )
 
 
 def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> ModuleFacts:
-    spec = _shape(config)
+    spec = shape_fields(config)
     spec["gated_linear_unit"] = _flag(config, "gated_linear_unit")
-    parallel = _parallel(config)
-    seq_length = _get(datamodule, "seq_length") or _get(config, "seq_length")
+    parallel = parallel_sizes(config)
+    seq_length = get(datamodule, "seq_length") or get(config, "seq_length")
     if seq_length:
         spec["seq_length"] = seq_length
     # As NeMo 2's GPTConfig does: a preset vocab_size is used as is, else the tokenizer's is padded.
-    vocab = getattr(pl_module, "padded_vocab_size", None) or _get(config, "vocab_size")
-    tokenizer = getattr(pl_module, "tokenizer", None) or _get(datamodule, "tokenizer")
-    if not vocab and _get(tokenizer, "vocab_size"):
-        divisible_by = _get(config, "make_vocab_size_divisible_by") or 128
-        vocab = padded_vocab_size(_get(tokenizer, "vocab_size"), divisible_by, parallel.get("tensor", 1))
+    vocab = getattr(pl_module, "padded_vocab_size", None) or get(config, "vocab_size")
+    tokenizer = getattr(pl_module, "tokenizer", None) or get(datamodule, "tokenizer")
+    if not vocab and get(tokenizer, "vocab_size"):
+        divisible_by = get(config, "make_vocab_size_divisible_by") or 128
+        vocab = padded_vocab_size(get(tokenizer, "vocab_size"), divisible_by, parallel.get("tensor", 1))
     if vocab:
         spec["vocab_size"] = vocab
     return ModuleFacts(
         source="megatron config",
         spec_fields=spec,
-        global_batch_size=_get(datamodule, "global_batch_size"),
-        micro_batch_size=_get(datamodule, "micro_batch_size"),
+        global_batch_size=get(datamodule, "global_batch_size"),
+        micro_batch_size=get(datamodule, "micro_batch_size"),
         parallel=parallel,
         fp8=_megatron_fp8(config),
         formula_gaps=formula_gaps(config),
@@ -114,7 +103,7 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
 
 def _flag(obj: Any, key: str) -> bool:
     """A true/false setting; absent or null is false. A string is refused: "no" would be truthy."""
-    value = _get(obj, key)
+    value = get(obj, key)
     if value is None or isinstance(value, bool):
         return bool(value)
     raise ValueError(f"nemo-throughput: {key} in the model config must be true or false, got {value!r} "
@@ -123,7 +112,7 @@ def _flag(obj: Any, key: str) -> bool:
 
 def _megatron_fp8(config: Any) -> bool:
     """megatron-core's ``fp8`` is None (off) or a recipe name ("e4m3", "hybrid"); a bool is read as is."""
-    value = _get(config, "fp8")
+    value = get(config, "fp8")
     if value is None or isinstance(value, bool):
         return bool(value)
     if isinstance(value, str) and value.lower() in _FP8_RECIPES:
@@ -132,28 +121,7 @@ def _megatron_fp8(config: Any) -> bool:
                      f"{list(_FP8_RECIPES)}, got {value!r}: fix it in the model config.")
 
 
-def _shape(obj: Any) -> dict[str, Any]:
-    values = {key: _get(obj, key) for key in _SHAPE_KEYS}
-    if isinstance(values["moe_layer_freq"], Sequence) and not isinstance(values["moe_layer_freq"], str):
-        values["moe_layer_freq"] = tuple(values["moe_layer_freq"])
-    return {key: value for key, value in values.items() if value is not None}
 
-
-def _parallel(obj: Any) -> dict[str, int]:
-    values = {name: _get(obj, key) for name, key in _PARALLEL_KEYS.items()}
-    return {name: int(value) for name, value in values.items() if value}
-
-
-def _get(obj: Any, key: str) -> Any:
-    """Attribute or mapping item (dataclass, DictConfig, dict); None when absent."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(key)
-    try:
-        return getattr(obj, key, None)
-    except Exception:  # noqa: BLE001 - DictConfig raises on missing keys in struct mode
-        return None
 
 
 def nemo_callback(**settings: Any) -> Any:
