@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from nemo_throughput.flops import FORMULAS, ModelSpec
@@ -59,42 +61,67 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    if args.format == mlperf.NAME:
-        return mlperf.run_import_command(args)
-    current = "arguments"
+    """Import every input, then write every summary: nothing is written unless all of them import.
+    Any failure is one line on stderr naming the input (or output) and exit code 2, never a traceback."""
+    is_mlperf = args.format == mlperf.NAME
+    progress = {"at": "arguments"}  # the input or output being handled, for the error message
     try:
-        _require(args, "label", "seq_length", "num_gpus")
-        spec, model_name = _model(args)
-        _check_arguments(args)
-        window = Window.parse(args.window) if args.window else None
-        names = output_names(args.logs)
-        results: list[tuple[Path, Imported]] = []
-        for log, name in zip(args.logs, names, strict=True):
-            current = str(log)
-            imported = import_run(
-                log, fmt=None if args.format == "auto" else args.format, global_batch_size=args.global_batch_size,
-                seq_length=args.seq_length, spec=spec, model_name=model_name, num_gpus=args.num_gpus,
-                num_nodes=math.ceil(args.num_gpus / args.gpus_per_node), label=args.label, name=name, rank=args.rank,
-                window=window, warmup_steps=args.warmup, gpu_name=args.gpu_name, dtype=args.dtype,
-                peak=args.peak_tflops, flops_formula=args.flops_formula, flops_per_sample=args.flops_per_sample,
-                orchestrator=args.orchestrator)
-            results.append((_summary_path(args.output_dir, name), imported))
-        for path, imported in results:  # nothing is written unless every input imported
-            current = str(path)
-            write_json_atomic(path, imported.summary)
-            _report(path, imported)
+        written = _import_mlperf(args, progress) if is_mlperf else _import_logs(args, progress)
+        for path, summary, say in written:
+            progress["at"] = str(path)
+            write_json_atomic(path, summary)
+            say(path)
     except (ReportError, ValueError) as error:
         print(f"nemo-throughput import: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        print(f"nemo-throughput import: {error.filename or current}: {error.strerror or error} (check the path and "
-              "its permissions)", file=sys.stderr)
+        print(f"nemo-throughput import: {error.filename or progress['at']}: {error.strerror or error} (check the path "
+              "and its permissions)", file=sys.stderr)
         return 2
     except Exception as error:  # noqa: BLE001 - an input must never end in a traceback
-        print(f"nemo-throughput import: {current}: could not import it ({type(error).__name__}: {error}) (please "
-              "report this with the file)", file=sys.stderr)
+        what, hint = mlperf.UNREADABLE if is_mlperf else ("could not import it", "(please report this with the file)")
+        print(f"nemo-throughput import: {progress['at']}: {what} ({type(error).__name__}: {error}) {hint}",
+              file=sys.stderr)
         return 2
     return 0
+
+
+Written = list[tuple[Path, dict, Callable[[Path], None]]]  # (summary path, summary, what to print once written)
+
+
+def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
+    _require(args, "label", "seq_length", "num_gpus")
+    spec, model_name = _model(args)
+    _check_arguments(args)
+    window = Window.parse(args.window) if args.window else None
+    written: Written = []
+    for log, name in zip(args.logs, output_names(args.logs), strict=True):
+        progress["at"] = str(log)
+        imported = import_run(
+            log, fmt=None if args.format == "auto" else args.format, global_batch_size=args.global_batch_size,
+            seq_length=args.seq_length, spec=spec, model_name=model_name, num_gpus=args.num_gpus,
+            num_nodes=math.ceil(args.num_gpus / args.gpus_per_node), label=args.label, name=name, rank=args.rank,
+            window=window, warmup_steps=args.warmup, gpu_name=args.gpu_name, dtype=args.dtype,
+            peak=args.peak_tflops, flops_formula=args.flops_formula, flops_per_sample=args.flops_per_sample,
+            orchestrator=args.orchestrator)
+        written.append((_summary_path(args.output_dir, name), imported.summary,
+                        functools.partial(_report, imported=imported)))
+    return written
+
+
+def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Written:
+    """`--format mlperf`: one summary per result file (the options of the other formats do not apply)."""
+    mlperf.refuse_inapplicable(args)
+    files = mlperf.result_files(args.logs)
+    written: Written = []
+    for path, name in zip(files, output_names(files), strict=True):
+        progress["at"] = str(path)
+        summary, notes = mlperf.import_result(path, label=args.label, name=name, num_gpus=args.num_gpus,
+                                              gpus_per_node=args.gpus_per_node, ruleset=args.ruleset,
+                                              orchestrator=args.orchestrator, gpu_name=args.gpu_name)
+        written.append((_summary_path(args.output_dir, name), summary,
+                        functools.partial(mlperf.say_imported, summary=summary, notes=notes)))
+    return written
 
 
 def output_names(logs: list[Path]) -> list[str]:

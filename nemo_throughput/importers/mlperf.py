@@ -337,54 +337,24 @@ def _notes(result: ResultLog) -> list[str]:
     return notes
 
 
-def run_import_command(args: Any) -> int:
-    """`nemo-throughput import --format mlperf`: one summary per result file, written only when all import."""
-    from nemo_throughput.importers.command import _summary_path, output_names
-    from nemo_throughput.summary import write_json_atomic
-
-    current = "arguments"
-    try:
-        _refuse_inapplicable(args)
-        files = result_files(args.logs)
-        written = []
-        for path, name in zip(files, output_names(files), strict=True):
-            current = str(path)
-            summary, notes = import_result(path, label=args.label, name=name, num_gpus=args.num_gpus,
-                                           gpus_per_node=args.gpus_per_node, ruleset=args.ruleset,
-                                           orchestrator=args.orchestrator, gpu_name=args.gpu_name)
-            written.append((_summary_path(args.output_dir, name), summary, notes))
-        for target, summary, notes in written:
-            current = str(target)
-            write_json_atomic(target, summary)
-            _say_imported(target, summary, notes)
-    except (ReportError, ValueError) as error:
-        print(f"nemo-throughput import: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"nemo-throughput import: {error.filename or current}: {error.strerror or error} (check the path and "
-              "its permissions)", file=sys.stderr)
-        return 2
-    except Exception as error:  # noqa: BLE001 - e.g. an :::MLLOG line without time_ms stops mlperf-logging's parser
-        print(f"nemo-throughput import: {current}: could not read it as an MLPerf result file "
-              f"({type(error).__name__}: {error}) (check the file; check it with python -m "
-              "mlperf_logging.compliance_checker too)", file=sys.stderr)
-        return 2
-    return 0
-
-
 # Options of the other formats that an MLPerf log answers itself, or that have no meaning for it.
 INAPPLICABLE = ("model", "model_spec", "flops_per_sample", "model_name", "global_batch_size", "seq_length", "rank",
                 "window", "dtype", "peak_tflops")
 
 
-def _refuse_inapplicable(args: Any) -> None:
+def refuse_inapplicable(args: Any) -> None:
     given = [f"--{name.replace('_', '-')}" for name in INAPPLICABLE if getattr(args, name, None) is not None]
     if given:
         raise ReportError(f"{', '.join(given)} do(es) not apply to --format mlperf: the result file states the "
                           "benchmark, batch and timing (leave them out)")
 
 
-def _say_imported(target: Path, summary: dict[str, Any], notes: list[str]) -> None:
+# What import says of a file mlperf-logging's parser stops on (e.g. an :::MLLOG line without time_ms).
+UNREADABLE = ("could not read it as an MLPerf result file",
+              "(check the file; check it with python -m mlperf_logging.compliance_checker too)")
+
+
+def say_imported(target: Path, summary: dict[str, Any], notes: list[str]) -> None:
     for note in notes:
         print(f"nemo-throughput import: {target.parent.name}: {note}", file=sys.stderr)
     ttt = summary["time_to_train"]
