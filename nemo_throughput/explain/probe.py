@@ -151,7 +151,8 @@ class _Fabric:
 
 def run_probe(group: Any = None, sizes_bytes: Sequence[int] | None = None, iterations: int = DEFAULT_ITERATIONS,
               warmup: int = DEFAULT_WARMUP, device: torch.device | str | None = None,
-              time_budget_s: float | None = None, matmul_budget_s: float | None = None) -> dict[str, Any]:
+              time_budget_s: float | None = None, matmul_budget_s: float | None = None,
+              places: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Probe the fabric and the ranks' compute; collective: every rank of `group` calls it, with the same
     arguments. Returns the same dict on every rank (the summary's "probe" section).
 
@@ -159,6 +160,8 @@ def run_probe(group: Any = None, sizes_bytes: Sequence[int] | None = None, itera
     iterations / warmup: timed and warm-up ops per op and size (at most: fewer when one size would take
     more than its share of `time_budget_s`, all ops and sizes together, 5 s on CUDA, 2 s on CPU).
     device: where buffers live (default: the current CUDA device under NCCL, else the CPU).
+    places: every rank's {"rank", "host", "gpu_index"} when the caller knows them already (the
+    callback gathered them at set-up); else gathered here.
     Without torch.distributed initialised (or on a 1-rank group) the collectives are skipped, with
     that reason in "skipped": there is nothing to communicate; the matmul is still measured.
     """
@@ -173,7 +176,7 @@ def run_probe(group: Any = None, sizes_bytes: Sequence[int] | None = None, itera
     sizes = sorted(set(sizes_bytes or (DEFAULT_SIZES_BYTES_CUDA if kind == "cuda" else DEFAULT_SIZES_BYTES_CPU)))
     for size in sizes:
         _require_positive_int("sizes_bytes", size)
-    places = _places(fabric)
+    places = places or _places(fabric)
     if fabric.world_size < 2:
         why = "torch.distributed is not initialised" if not fabric.distributed else "the process group has one rank"
         rows, skipped = [], [{"op": op, "bytes": None, "reason": f"{why}: nothing to communicate"} for op in OPS]

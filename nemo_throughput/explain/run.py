@@ -33,7 +33,8 @@ class RunExplanation:
     def __init__(self, config: ThroughputConfig, device: torch.device, rank: int, places: list[dict[str, Any]],
                  output_dir: str, rank_records: list[dict[str, Any]], backend: str | None) -> None:
         self.places = places
-        self.probe = run_probe(device=device) if config.probe else None  # a collective: every rank runs it
+        # A collective: every rank runs it (the places are known: no gather of them again).
+        self.probe = run_probe(device=device, places=places) if config.probe else None
         self._rank_records, self._backend = rank_records, backend
         self.network = network_section(rank_records, backend)
         self.telemetry = DeviceTelemetry(device) if config.telemetry else None
