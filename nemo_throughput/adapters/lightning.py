@@ -25,16 +25,13 @@ from nemo_throughput.hardware import dtype_for_precision
 from nemo_throughput.measurement import (
     Measurement,
     MeasurementView,
-    format_interval,
     gather_rank_records,
     resolve_run_facts,
-    step_rows,
     warnings_on_rank_zero,
 )
 from nemo_throughput.summary import RunFacts
-from nemo_throughput.target import TimeToTarget
 
-__all__ = ["ThroughputCallback", "describe_run", "format_interval", "step_rows"]
+__all__ = ["ThroughputCallback", "describe_run"]
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +58,6 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         self.measurement = Measurement(ThroughputConfig.from_mapping(settings))
         self.from_hydra_config = False  # set by the `+callbacks=throughput` factory
         self._read_metrics: Callable[[], Mapping[str, Any]] | None = None  # the trainer's, made at set-up
-
-    @property
-    def _time_to_target(self) -> TimeToTarget | None:
-        return self.measurement.time_to_target
 
     # ----------------------------------------------------------------------- set-up
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
