@@ -413,9 +413,7 @@ class Measurement:
     def _summary(self, status: str, error: str | None = None, final: bool = False) -> dict[str, Any]:
         explained = self._explain.sections(self.facts.workload.tokens_per_step, final=final and self.rank == 0)
         clock = self.time_to_target.section() if self.time_to_target is not None else None
-        summary = build_summary(self.facts, self.stats, status, error, explained, time_to_target=clock)
-        summary["timing"]["skipped_steps"] = len(self.stats.skipped)
-        return summary
+        return build_summary(self.facts, self.stats, status, error, explained, time_to_target=clock)
 
     def _with_end(self, summary: dict[str, Any], missing: str | None) -> dict[str, Any]:
         """Add how the run ended: which rank wrote it, the signal, what the summary lacks."""

@@ -130,6 +130,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "step_time_s": stats.step_time_summary(),
             "steps_measured": stats.steps_measured,
             "warmup_steps": stats.warmup_steps,
+            "skipped_steps": len(stats.skipped),  # iterations the framework skipped (Bridge's skipped_iter)
             "last_step": stats.last_step,
             "per_rank_step_time_s": stats.per_rank_step_time_s(),
             "per_rank_local_time_s": stats.per_rank_phase_s("local_s"),
