@@ -379,7 +379,7 @@ def test_the_breakdown_plot_is_written_beside_the_scaling_plot(tmp_path, capsys)
 def test_the_breakdown_plot_never_overwrites_the_output(tmp_path, capsys):
     path = write(tmp_path, "a", new_summary("x"))
     code, _, err = cli(path, "--plot", tmp_path / "p.png", "--output", tmp_path / "p-breakdown.png", capsys=capsys)
-    assert code == 2 and "is where --plot's step-time breakdown goes" in err
+    assert code == 2 and "--output and --plot's step-time breakdown are the same file" in err
     assert not (tmp_path / "p.png").exists()
 
 

@@ -218,7 +218,14 @@ def test_output_must_not_overwrite_an_input_summary(tmp_path, capsys):
     path = good_run(tmp_path, "a")
     before = path.read_text()
     code, _, err = report(tmp_path, "--output", path, capsys=capsys)
-    assert code == 2 and f"--output {path} is one of the summaries read" in err and path.read_text() == before
+    assert code == 2 and f"--output {path} is one of the files this command reads" in err and path.read_text() == before
+
+
+def test_output_must_not_overwrite_another_runs_summary_either(tmp_path, capsys):
+    kept = good_run(tmp_path / "kept", "b")
+    before = kept.read_text()
+    code, _, err = report(good_run(tmp_path, "a"), "--output", kept, capsys=capsys)
+    assert code == 2 and f"--output {kept} is a run's summary; write elsewhere" in err and kept.read_text() == before
 
 
 def test_plot_needs_an_image_suffix(tmp_path, capsys):

@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+from nemo_throughput.outputs import OutputPathError, check_output_file
 from nemo_throughput.report.runs import (
     IncompleteRun,
     ReportError,
@@ -71,10 +72,8 @@ def run_report(args: argparse.Namespace) -> int:
     _never_fail_on_unencodable_output()
     try:
         window = Window.parse(args.window) if args.window else None
-        _check_destinations(args.output, args.plot)
         paths, problems = find_summaries(args.summaries)
-        _require_not_an_input(args.output, paths)
-        _require_not_an_input(breakdown_path(args.plot) if args.plot else None, paths, "--plot's breakdown image")
+        _check_destinations(args.output, args.plot, paths)
         runs, training, rejected = _load_runs(paths, problems, window)
         if not runs and not training:
             raise ReportError("no run left to report on")
@@ -93,7 +92,7 @@ def run_report(args: argparse.Namespace) -> int:
         elif args.plot:
             _plot(report, args.plot)
         _write(text, args.output)
-    except ReportError as error:
+    except (ReportError, OutputPathError) as error:
         say(f"nemo-throughput report: {error}")
         return NOTHING_REPORTED
     if rejected:
@@ -147,32 +146,24 @@ def breakdown_path(plot: Path) -> Path:
     return plot.with_name(f"{plot.stem}-breakdown{plot.suffix}")
 
 
-def _check_destinations(output: Path | None, plot: Path | None) -> None:
-    """Before any work: each file given can be written where it is meant to go. A missing
-    directory is an error, not created: a typo should not leave new directories behind."""
+def _check_destinations(output: Path | None, plot: Path | None, inputs: list[Path]) -> None:
+    """Before any work: each file given can be written where it is meant to go (the shared rule of
+    `outputs`: no missing directory is created, no summary read or kept is replaced), and no two
+    of them are the same file."""
     from nemo_throughput.report.plots import IMAGE_SUFFIXES
 
     if plot is not None and plot.suffix.lower() not in IMAGE_SUFFIXES:
-        raise ReportError(f"--plot {plot}: the name must end in .png, .svg or .pdf (the image format)")
-    if plot is not None and breakdown_path(plot).is_dir():
-        raise ReportError(f"--plot {plot}: {breakdown_path(plot)}, where its step-time breakdown goes, is a "
-                          "directory; give another file name")
-    if output is not None and plot is not None and output.resolve() == breakdown_path(plot).resolve():
-        raise ReportError(f"--output {output} is where --plot's step-time breakdown goes; give another file name")
-    for option, path in (("--output", output), ("--plot", plot)):
-        if path is None:
-            continue
-        if path.is_dir():
-            raise ReportError(f"{option} {path} is a directory; give a file name")
-        if not path.parent.is_dir():
-            raise ReportError(f"{option} {path}: directory {path.parent} does not exist; create it first")
-    if output is not None and plot is not None and output.resolve() == plot.resolve():
-        raise ReportError(f"--output and --plot are the same file, {output}")
-
-
-def _require_not_an_input(output: Path | None, inputs: list[Path], what: str = "--output") -> None:
-    if output is not None and output.resolve() in {path.resolve() for path in inputs}:
-        raise ReportError(f"{what} {output} is one of the summaries read; write the report elsewhere")
+        raise ReportError(f"--plot {printable(plot)}: the name must end in .png, .svg or .pdf (the image format)")
+    destinations = [("--output", output), ("--plot", plot)]
+    if plot is not None:
+        destinations.append(("--plot's step-time breakdown", breakdown_path(plot)))
+    given = [(option, path) for option, path in destinations if path is not None]
+    for option, path in given:
+        check_output_file(path, option, reads=inputs)
+    for i, (option, path) in enumerate(given):
+        for other_option, other in given[i + 1:]:
+            if path.resolve() == other.resolve():
+                raise ReportError(f"{option} and {other_option} are the same file, {printable(path)}")
 
 
 def _write(text: str, output: Path | None) -> None:
