@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 
 from nemo_throughput.adapters.nemo import padded_vocab_size
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.outputs import check_output_file
 
 SIZES = {
     # CPU-sized: about 0.1 s a step on two cores
@@ -632,6 +633,8 @@ def run_command(args: argparse.Namespace) -> int:
         conditions = tuple(args.conditions.split(",")) if args.conditions else CONDITIONS
         if args.steps < 2 or args.rounds < 1:
             raise ValueError("--steps must be at least 2 and --rounds at least 1")
+        if args.output:
+            check_output_file(args.output, "--output")
         result = run_bench(size=args.size, steps=args.steps, window=window, rounds=args.rounds,
                            conditions=conditions, device=args.device, micro_batch_size=args.micro_batch_size,
                            count_syncs=not args.no_sync_count,

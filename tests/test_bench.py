@@ -140,3 +140,14 @@ def test_condition_result_pairs_rounds_with_the_baseline():
     skipped_rounds = Condition("lightning-throughput-monitor", step_times_s=[0.1, 0.1])  # rounds do not pair up
     assert skipped_rounds.result(baseline)["overhead_mean_pct"] is None
     assert Condition("nemo-throughput").result(None)["overhead_pct"] is None
+
+
+def test_bench_checks_its_output_before_training(tmp_path, capsys):
+    """A directory or a path under a file is refused at once, not after minutes of trials."""
+    from nemo_throughput import cli
+
+    (tmp_path / "a-file").write_text("")
+    for output, message in ((tmp_path, "is a directory"), (tmp_path / "a-file" / "b.json", "is a file, not a directory")):
+        assert cli.main(["bench", "--steps", "2", "--rounds", "1", "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "trial" not in err

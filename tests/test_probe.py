@@ -221,6 +221,8 @@ def test_command_refuses_nccl_without_cuda_and_an_output_in_a_missing_directory(
         assert "--backend nccl needs CUDA" in capsys.readouterr().err
     assert cli.main(["probe", "--backend", "gloo", "--output", str(tmp_path / "missing" / "probe.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["probe", "--backend", "gloo", "--output", str(tmp_path)]) == 2
+    assert f"--output {tmp_path} is a directory" in capsys.readouterr().err
 
 
 def test_sizes_read_binary_units():

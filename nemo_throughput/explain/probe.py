@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_throughput.environment import gpu_index, node_name
+from nemo_throughput.outputs import check_output_file
 
 log = logging.getLogger(__name__)
 
@@ -566,8 +567,8 @@ def run_command(args: argparse.Namespace) -> int:
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl" and not torch.cuda.is_available():
             raise ValueError("--backend nccl needs CUDA, and no CUDA device is available here: use --backend gloo")
-        if args.output is not None and not args.output.parent.is_dir():
-            raise ValueError(f"--output {args.output}: directory {args.output.parent} does not exist")
+        if args.output is not None:
+            check_output_file(args.output, "--output")
         rendezvous = launcher_env(os.environ)
     except ValueError as error:
         print(f"nemo-throughput probe: {error}", file=sys.stderr)
