@@ -505,6 +505,18 @@ def _collector(pl: Any, measured: MeasuredValues) -> Any:
     return Collector()
 
 
+def parse_conditions(text: str) -> tuple[str, ...]:
+    """``--conditions a,b``: known names, each once, refused before any training (a typo would
+    otherwise run every other condition and report the misspelt one as skipped)."""
+    names = tuple(name.strip() for name in text.split(","))
+    unknown = [name for name in names if name not in CONDITIONS]
+    if unknown:
+        raise ValueError(f"unknown condition(s) {unknown} in --conditions; choose from {', '.join(CONDITIONS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--conditions names a condition twice: {text!r}")
+    return names
+
+
 def _unavailable(name: str, namespace: str) -> str | None:
     if name not in CONDITIONS:
         return f"unknown condition; choose from {list(CONDITIONS)}"
@@ -630,7 +642,7 @@ def run_command(args: argparse.Namespace) -> int:
         window = tuple(int(part) for part in args.window.split(":")) if args.window else None
         if window is not None and len(window) != 2:
             raise ValueError(f"--window {args.window!r} must be A:B")
-        conditions = tuple(args.conditions.split(",")) if args.conditions else CONDITIONS
+        conditions = parse_conditions(args.conditions) if args.conditions else CONDITIONS
         if args.steps < 2 or args.rounds < 1:
             raise ValueError("--steps must be at least 2 and --rounds at least 1")
         if args.output:

@@ -86,6 +86,16 @@ def test_bench_refuses_what_it_cannot_run(tmp_path):
     assert unknown.returncode == 2 and "invalid choice: 'tpu'" in unknown.stderr
 
 
+def test_an_unknown_condition_is_one_line_naming_the_known_ones_before_any_training(tmp_path):
+    typo = bench("--conditions", "no-callback,nemo-throughput-debgu", "--steps", "4", "--device", "cpu", cwd=tmp_path)
+    assert typo.returncode == 2 and typo.stdout == ""
+    assert typo.stderr.strip().splitlines() == [
+        "nemo-throughput bench: unknown condition(s) ['nemo-throughput-debgu'] in --conditions; choose from "
+        "no-callback, nemo-throughput, nemo-throughput-debug, lightning-throughput-monitor, nemo-timing-callback"]
+    twice = bench("--conditions", "no-callback,no-callback", "--steps", "4", "--device", "cpu", cwd=tmp_path)
+    assert twice.returncode == 2 and "names a condition twice" in twice.stderr
+
+
 def test_device_resolution():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto") == expected and resolve_device("cpu") == "cpu"
