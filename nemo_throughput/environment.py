@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from nemo_throughput.redact import redact_command, redact_env, redact_url_credentials
+
 ORCHESTRATORS = ("slurm", "kubernetes", "torchrun", "local")
 
 # Set by the launchers (nemo-throughput launch / launchers/): they name what the job cannot see.
@@ -65,7 +67,8 @@ def rank_record(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
         "pod": env.get("POD_NAME"),
         "local_rank": int(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0),
         "gpu_index": gpu_index(env),
-        "communication_env": {k: v for k, v in sorted(env.items()) if k.startswith(_COMMUNICATION_PREFIXES)},
+        "communication_env": redact_env({k: v for k, v in sorted(env.items())
+                                         if k.startswith(_COMMUNICATION_PREFIXES)}),
     }
 
 
@@ -122,9 +125,9 @@ def capture(rank_records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "orchestrator": detect_orchestrator(),
         "job": job_details(),
-        "container_image": os.environ.get(ENV_IMAGE),
+        "container_image": redact_url_credentials(os.environ.get(ENV_IMAGE) or "") or None,
         "gpus_per_node": gpus_per_node(),
         "nodes": list(nodes.values()),
-        "command": " ".join(sys.argv),
+        "command": redact_command(sys.argv),  # Hydra overrides carry API keys: redacted
         "versions": library_versions(),
     }

@@ -445,3 +445,47 @@ def test_the_nemo_run_factory_names_a_wrong_setting_before_anything_is_submitted
 
     with pytest.raises(ValueError, match=r"peak_tflops must be a number of TFLOPS per GPU, got 'abc' \(str\)"):
         nemo_callback(peak_tflops="abc")
+
+
+@pytest.mark.parametrize("argument, recorded", [
+    ("+exp_manager.wandb_api_key=sk-live-1", "+exp_manager.wandb_api_key=<redacted>"),
+    ("--hf_token=hf_abc", "--hf_token=<redacted>"),
+    ("apiKey=zz", "apiKey=<redacted>"),
+    ("exp_manager.wandb_logger_kwargs={project:p,api_key:k1,auth:{password:'p w'}}",
+     "exp_manager.wandb_logger_kwargs={project:p,api_key:<redacted>,auth:{password:<redacted>}}"),
+    ("model.data.data_prefix=https://user:pa55@host/data", "model.data.data_prefix=https://<redacted>@host/data"),
+    ("model.tokenizer.library=megatron", "model.tokenizer.library=megatron"),  # a tokenizer is no token
+    ("model.data.num_tokens=5", "model.data.num_tokens=5"),
+])
+def test_secret_values_are_redacted_from_the_recorded_command(argument, recorded):
+    from nemo_throughput.redact import redact_command
+
+    assert redact_command(["train.py", argument]) == f"train.py {recorded}"
+
+
+def test_an_option_naming_a_secret_redacts_its_value_but_not_the_next_option():
+    from nemo_throughput.redact import redact_command
+
+    assert redact_command(["x", "--api-key", "k", "--token", "--verbose", "--steps", "4"]) == \
+        "x --api-key <redacted> --token --verbose --steps 4"
+
+
+@pytest.mark.slow
+def test_a_run_summary_never_holds_the_secrets_of_its_command_line_or_environment(tmp_path):
+    """The real demo (Hydra, Lightning) with a W&B key as NeMo users pass it, and a secret-named variable."""
+    import os
+
+    from conftest import nemo_throughput_cli
+
+    env = {**os.environ, "NCCL_TEST_AUTH_TOKEN": "secret-env-3"}
+    result = nemo_throughput_cli("demo", "--devices", "1", "--steps", "3", "--output-dir", tmp_path,
+                                 "+exp_manager.wandb_api_key=secret-key-1",
+                                 "+exp_manager.wandb_logger_kwargs={project:p,api_key:secret-key-2}",
+                                 cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = (tmp_path / "throughput" / "summary.json").read_text()
+    assert "secret-" not in text
+    environment = json.loads(text)["environment"]
+    assert "+exp_manager.wandb_api_key=<redacted>" in environment["command"]
+    assert "{project:p,api_key:<redacted>}" in environment["command"]
+    assert environment["nodes"][0]["communication_env"]["NCCL_TEST_AUTH_TOKEN"] == "<redacted>"
