@@ -1,5 +1,6 @@
-"""`import --format mlperf` and the report's time to train, on real MLPerf Training v4.0 result logs
-(tests/data/mlperf, ORIGIN.md), checked against mlperf-logging's own parser and result_summarizer."""
+"""`import --format mlperf` and the report's time to train, on real MLPerf Training v4.0 and v5.0
+result logs and submissions (tests/data/mlperf, ORIGIN.md), checked against mlperf-logging's own
+parser and result_summarizer."""
 
 from __future__ import annotations
 
@@ -23,11 +24,18 @@ ASUS = DATA / "ASUSTeK" / "ESC_N8A-E12" / "llama2_70b_lora"
 GOOGLE = DATA / "Google" / "cloud-tpu-v5p-1024-maxtext" / "gpt3"
 QUANTA = DATA / "Quanta_Cloud_Technology" / "D74H-7U" / "gnn"
 SUBMISSIONS = (EOS_8, EOS_64, ASUS, GOOGLE, QUANTA)
+STATE_THEIR_GPUS = (EOS_8, EOS_64)  # the others need --num-gpus
 RULESET = "4.0.0"  # the round of the fixtures
+V5 = DATA / "v5.0"  # whole submitters' folders: results/<system>/<benchmark>/ beside systems/<system>.json
+HPE = V5 / "HPE"
+HPE_N2, HPE_N4 = (HPE / "results" / f"HPE-Cray-XD670-H200-SXM5-141GB_n{n}_24.09" for n in (2, 4))
+SUPERMICRO_DLRM = V5 / "Supermicro" / "results" / "SYS-821GE-TNHR" / "dlrm_dcnv2"
+RULESET_V5 = "5.0.0"
+WARNING = "nemo-throughput import: warning: "
 
 
-def run_import(capsys, *inputs, out: Path, extra=()) -> tuple[int, str]:
-    code = main(["import", "--format", "mlperf", *map(str, inputs), "--output-dir", str(out), "--ruleset", RULESET,
+def run_import(capsys, *inputs, out: Path, extra=(), ruleset=RULESET) -> tuple[int, str]:
+    code = main(["import", "--format", "mlperf", *map(str, inputs), "--output-dir", str(out), "--ruleset", ruleset,
                  *map(str, extra)])
     return code, capsys.readouterr().err
 
@@ -122,7 +130,8 @@ def test_a_run_without_run_stop_fails_the_compliance_check(capsys, tmp_path):
 
 @pytest.mark.parametrize("folder", SUBMISSIONS, ids=lambda f: "/".join(f.parts[-3:]))
 def test_olympic_score_agrees_with_result_summarizer(capsys, tmp_path, folder):
-    code, err = run_import(capsys, folder, out=tmp_path, extra=("--num-gpus", "8"))
+    extra = () if folder in STATE_THEIR_GPUS else ("--num-gpus", "8")
+    code, err = run_import(capsys, folder, out=tmp_path, extra=extra)
     assert code == 0, err
     (group,) = report_json(capsys, tmp_path)["time_to_train"]
     ours = group["time_to_train_minutes"]
@@ -230,8 +239,167 @@ def test_throughput_and_time_to_train_runs_report_together(capsys, tmp_path):
 def test_without_a_ruleset_the_round_checked_against_is_said_to_be_a_guess(tmp_path, capsys):
     code = main(["import", "--format", "mlperf", str(EOS_64 / "result_0.txt"), "--output-dir", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 0 and "the log does not name its MLPerf round: checked against ruleset" in err
+    assert code == 0 and "the logs do not name their MLPerf round: each was checked against the newest ruleset" in err
     ttt = summaries(tmp_path)["result_0"]["time_to_train"]
-    assert ttt["ruleset_given"] is False and ttt["ruleset"] in err
+    assert ttt["ruleset_given"] is False and f"({ttt['ruleset']} for 1 file(s))" in err
     run_import(capsys, EOS_64 / "result_0.txt", out=tmp_path / "given")
     assert summaries(tmp_path / "given")["result_0"]["time_to_train"]["ruleset_given"] is True
+
+
+def summarizer_rows(submitter: Path, ruleset: str) -> list[dict]:
+    """result_summarizer's strong-scaling table of a submitter folder, one row per system, as the
+    `python -m mlperf_logging.result_summarizer FOLDER training RULESET` command prints it."""
+    table, *_ = result_summarizer.summarize_results(str(submitter), "training", ruleset)
+    return table.to_dict("records")
+
+
+def test_a_whole_submission_imports_with_the_counts_of_its_systems_files(capsys, tmp_path):
+    code, err = run_import(capsys, HPE, out=tmp_path, ruleset=RULESET_V5)
+    assert code == 0, err
+    imported = summaries(tmp_path)
+    assert len(imported) == len(list(HPE.glob("results/*/*/result_*.txt"))) == 30
+    groups = report_json(capsys, tmp_path)["time_to_train"]
+    ours = {(g["benchmark"], g["num_nodes"], g["num_gpus"], g["label"]): g["time_to_train_minutes"]["olympic"]
+            for g in groups}
+    theirs = {(benchmark, int(row["number_of_nodes"]), row["accelerators_count"], row["system"]): row[benchmark]
+              for row in summarizer_rows(HPE, RULESET_V5) for benchmark in ("dlrm_dcnv2", "llama2_70b_lora")
+              if row[benchmark] == row[benchmark]}  # NaN: the system did not submit the benchmark
+    assert {key: str(score) for key, score in ours.items()} == {key: str(score) for key, score in theirs.items()}
+    assert {(g["num_nodes"], g["num_gpus"]) for g in groups if g["benchmark"] == "dlrm_dcnv2"} == {(2, 16), (4, 32)}
+    for summary in imported.values():  # every count from systems/<system>.json, and said so
+        ttt = summary["time_to_train"]
+        assert ttt["counts_from"] == "systems/" + Path(ttt["system_file"]).name
+        assert summary["hardware"]["gpu_name"] == "NVIDIA H200-SXM5-141GB"
+
+
+def test_a_log_that_disagrees_with_its_systems_file_is_counted_as_the_systems_file_says(capsys, tmp_path):
+    # the real v5.0 logs of HPE's 2- and 4-node systems state number_of_nodes "1" in :::SYSJSON
+    code, err = run_import(capsys, HPE_N2 / "dlrm_dcnv2", HPE_N4 / "dlrm_dcnv2", out=tmp_path, ruleset=RULESET_V5)
+    assert code == 0, err
+    for summary in summaries(tmp_path).values():
+        nodes = 2 if "_n2_" in summary["environment"]["imported_from"] else 4
+        assert summary["environment"]["system"]["number_of_nodes"] == "1"  # what the log says, kept as said
+        assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (nodes, nodes * 8)
+        (note,) = summary["time_to_train"]["notes"]
+        assert note.startswith(f"the log states 1 node(s) x 8 accelerators, systems/HPE-Cray-XD670-H200-SXM5-141GB"
+                               f"_n{nodes}_24.09.json {nodes} x 8")
+    assert err.count("the log states 1 node(s) x 8 accelerators") == 20
+    groups = report_json(capsys, tmp_path)["time_to_train"]
+    assert sorted((g["num_nodes"], g["time_to_train_minutes"]["runs"]) for g in groups) == [(2, 10), (4, 10)]
+
+
+def test_the_valid_sysjson_line_is_read_past_the_xtrace_of_its_echo(capsys, tmp_path):
+    alone = tmp_path / "alone" / "result_01.txt"  # outside a submission's layout: only the log can say
+    alone.parent.mkdir()
+    shutil.copyfile(SUPERMICRO_DLRM / "result_01.txt", alone)
+    lines = alone.read_text(encoding="latin-1").splitlines()
+    assert lines[1].startswith("+ echo ':::SYSJSON {") and lines[2].startswith(":::SYSJSON {")
+    code, err = run_import(capsys, alone, out=tmp_path / "out", ruleset=RULESET_V5)
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    assert summary["environment"]["system"] == json.loads(lines[2].removeprefix(":::SYSJSON "))
+    assert summary["hardware"]["num_gpus"] == 8 and summary["time_to_train"]["counts_from"] == "log"
+    assert summary["run"]["label"] == "SYS-821GE-TNHR"  # :::SYSJSON system_name, not the placeholder platform
+    assert summary["time_to_train"]["platform"] == "1xSUBMISSION_PLATFORM_PLACEHOLDER"
+
+
+def test_usage_text_and_a_placeholder_platform_state_nothing(capsys, tmp_path):
+    alone = tmp_path / "alone" / "result_1.txt"
+    alone.parent.mkdir()
+    shutil.copyfile(HPE_N2 / "llama2_70b_lora" / "result_1.txt", alone)
+    text = alone.read_text(encoding="latin-1")
+    assert ":::SYSJSON \nusage: mlperf-sysjson.sh" in text and '"2xSUBMISSION_PLATFORM_PLACEHOLDER"' in text
+    code, err = run_import(capsys, alone, out=tmp_path / "a", ruleset=RULESET_V5)
+    assert code == 2 and "the log does not state its accelerators" in err and "give --num-gpus" in err
+    code, err = run_import(capsys, alone, out=tmp_path / "b", ruleset=RULESET_V5, extra=("--num-gpus", "16"))
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "b").values()
+    assert summary["run"]["label"] == "unknown" and summary["environment"]["system"] is None
+    # in its submission, the systems file names and counts it
+    code, err = run_import(capsys, HPE_N2 / "llama2_70b_lora", out=tmp_path / "c", ruleset=RULESET_V5)
+    assert code == 0, err
+    labels = {s["run"]["label"] for s in summaries(tmp_path / "c").values()}
+    assert labels == {"HPE Cray XD670 (8x H200-SXM-141GB)"}
+
+
+def test_num_gpus_that_contradicts_the_files_is_an_error_naming_both(capsys, tmp_path):
+    code, err = run_import(capsys, HPE_N4 / "dlrm_dcnv2", out=tmp_path / "a", ruleset=RULESET_V5,
+                           extra=("--num-gpus", "8"))
+    assert code == 2 and "--num-gpus 8 contradicts systems/HPE-Cray-XD670-H200-SXM5-141GB_n4_24.09.json" in err
+    assert "32 accelerators" in err and len(err.splitlines()) == 1
+    code, err = run_import(capsys, EOS_64 / "result_0.txt", out=tmp_path / "b", extra=("--num-gpus", "8"))
+    assert code == 2 and "--num-gpus 8 contradicts log: 8 node(s), 64 accelerators" in err
+    assert not list(tmp_path.rglob("summary.json"))
+    code, err = run_import(capsys, EOS_64 / "result_0.txt", out=tmp_path / "c", extra=("--num-gpus", "64"))
+    assert code == 0, err
+
+
+def test_the_round_note_is_said_once_and_every_warning_in_one_format(capsys, tmp_path):
+    cut = tmp_path / "cut" / "result_0.txt"
+    cut.parent.mkdir()
+    lines = (EOS_8 / "result_0.txt").read_text(encoding="latin-1").splitlines(keepends=True)
+    cut.write_text("".join(line for line in lines if '"key": "run_stop"' not in line), encoding="latin-1")
+    code = main(["import", "--format", "mlperf", str(EOS_8), str(cut), "--output-dir", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert err.count("MLPerf round") == 1 and len(summaries(tmp_path / "a")) == 11
+    code = main(["import", "--format", "mlperf", str(HPE_N4 / "dlrm_dcnv2"), str(cut), "--output-dir",
+                 str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert err.count("the log states 1 node(s)") == 10 and "no run_stop line" in err and "compliance check" in err
+    assert all(line.startswith(WARNING) for line in err.splitlines())
+
+
+def _edited(source: Path, target: Path, edit) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(edit(source.read_text(encoding="latin-1")), encoding="latin-1")
+    return target
+
+
+def test_results_without_a_time_to_train_are_never_converged_runs(capsys, tmp_path):
+    source = EOS_8 / "result_0.txt"
+    start, stop = keys_of(source)["run_start"].timestamp, keys_of(source)["run_stop"].timestamp
+    no_start = _edited(source, tmp_path / "no_start" / "result_0.txt",
+                       lambda text: "".join(line for line in text.splitlines(keepends=True)
+                                            if '"key": "run_start"' not in line))
+    end = '"event_type": "INTERVAL_END", "key": "run_stop"'
+    before_start = f'"time_ms": {start - 1000:.0f}, {end}'
+    backwards = _edited(source, tmp_path / "backwards" / "result_0.txt",
+                        lambda text: text.replace(f'"time_ms": {stop:.0f}, {end}', before_start))
+    assert "run_stop" in keys_of(backwards) and keys_of(backwards)["run_stop"].timestamp < start
+    code, err = run_import(capsys, no_start, backwards, EOS_8 / "result_1.txt", out=tmp_path / "out")
+    assert code == 0, err
+    imported = summaries(tmp_path / "out")
+    for name, problem in (("no_start-result_0", "no run_start line"), ("backwards-result_0", "is before run_start")):
+        ttt = imported[name]["time_to_train"]
+        assert ttt["status"] == "success" and not ttt["converged"] and ttt["minutes"] is None, name
+        assert imported[name]["status"] == "failed" and problem in imported[name]["error"]
+        assert any(problem in note for note in ttt["notes"]) and problem in err
+    (group,) = report_json(capsys, tmp_path / "out")["time_to_train"]
+    assert (group["time_to_train_minutes"]["runs"], group["time_to_train_minutes"]["converged"]) == (3, 1)
+
+
+def test_a_system_without_accelerators_or_a_broken_systems_file_is_refused(capsys, tmp_path):
+    submission = tmp_path / "HPE"
+    shutil.copytree(HPE / "systems", submission / "systems")
+    shutil.copytree(HPE_N4 / "dlrm_dcnv2", submission / "results" / HPE_N4.name / "dlrm_dcnv2")
+    described = submission / "systems" / f"{HPE_N4.name}.json"
+    original = described.read_text()
+    described.write_text(original.replace('"accelerators_per_node": "8"', '"accelerators_per_node": "0"'))
+    code, err = run_import(capsys, submission, out=tmp_path / "a", ruleset=RULESET_V5)
+    assert code == 2 and "accelerators_per_node is 0" in err and described.name in err
+    described.write_text(original[: len(original) // 2])
+    code, err = run_import(capsys, submission, out=tmp_path / "b", ruleset=RULESET_V5)
+    assert code == 2 and "not a readable JSON system description" in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.rglob("summary.json"))
+    described.unlink()  # result_summarizer skips the system; here the log counts, said per file
+    code, err = run_import(capsys, submission, out=tmp_path / "missing", ruleset=RULESET_V5)
+    assert code == 0 and err.count(f"no systems/{described.name} in the submission") == 10
+    assert {s["hardware"]["num_gpus"] for s in summaries(tmp_path / "missing").values()} == {8}
+    shutil.rmtree(tmp_path / "missing")
+    zero = _edited(EOS_8 / "result_0.txt", tmp_path / "zero" / "result_0.txt",
+                   lambda text: text.replace('"accelerators_per_node":"8"', '"accelerators_per_node":"0"'))
+    assert '"accelerators_per_node":"0"' in zero.read_text(encoding="latin-1")
+    code, err = run_import(capsys, zero, out=tmp_path / "c", extra=("--num-gpus", "8"))
+    assert code == 2 and "the log states accelerators_per_node 0" in err

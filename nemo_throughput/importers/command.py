@@ -110,18 +110,22 @@ def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
 
 
 def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Written:
-    """`--format mlperf`: one summary per result file (the options of the other formats do not apply)."""
+    """`--format mlperf`: one summary per result file (the options of the other formats do not apply);
+    a submitter folder (results/ and systems/) imports whole. The command's own warning is said once,
+    before the first file's."""
     mlperf.refuse_inapplicable(args)
     files = mlperf.result_files(args.logs)
-    written: Written = []
+    imported = []
     for path, name in zip(files, output_names(files), strict=True):
         progress["at"] = str(path)
         summary, notes = mlperf.import_result(path, label=args.label, name=name, num_gpus=args.num_gpus,
                                               gpus_per_node=args.gpus_per_node, ruleset=args.ruleset,
                                               orchestrator=args.orchestrator, gpu_name=args.gpu_name)
-        written.append((_summary_path(args.output_dir, name), summary,
-                        functools.partial(mlperf.say_imported, summary=summary, notes=notes)))
-    return written
+        imported.append((_summary_path(args.output_dir, name), summary, notes))
+    once = () if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary, _ in imported]),)
+    return [(path, summary, functools.partial(mlperf.say_imported, summary=summary, notes=notes,
+                                              once=once if i == 0 else ()))
+            for i, (path, summary, notes) in enumerate(imported)]
 
 
 def output_names(logs: list[Path]) -> list[str]:

@@ -3,9 +3,12 @@
 The lines are read with mlperf-logging's own parser (it strips ``srun -l`` and timestamp prefixes)
 and judged with its compliance checker; the time to train is run_stop minus run_start, as its
 result_summarizer scores it. Only the ``:::SYSJSON`` line (system description, newer rounds) is
-read here, since the library leaves it to its package checker. Nothing the log does not state is
-filled in: a log without throughput lines has no samples/s, and tokens/s is never derived (an
-MLPerf benchmark's sample is not a fixed number of tokens).
+read here, since the library leaves it to its package checker. A result published in a submission
+(``<submitter>/results/<system>/<benchmark>/result_*.txt``) takes its node and accelerator counts
+from ``<submitter>/systems/<system>.json``, where result_summarizer reads them: real logs state
+other counts (v5.0 logs of 2- and 4-node systems say ``number_of_nodes "1"``). Nothing the files
+do not state is filled in: a log without throughput lines has no samples/s, and tokens/s is never
+derived (an MLPerf benchmark's sample is not a fixed number of tokens).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from nemo_throughput.aggregation import RunStats
 from nemo_throughput.report.runs import ReportError
+from nemo_throughput.report.safe_text import printable
 from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
 
 NAME = "mlperf"
@@ -27,7 +31,7 @@ USAGE = "training"
 RESULT_GLOB = "result_*.txt"  # result_summarizer's file pattern
 SYSJSON_TAG = ":::SYSJSON "
 MLLOG_TAG = ":::MLLOG "
-log = logging.getLogger(__name__)
+PLACEHOLDER = "PLACEHOLDER"  # reference code logs e.g. 2xSUBMISSION_PLATFORM_PLACEHOLDER, to be replaced by hand
 
 
 def _library() -> Any:
@@ -47,13 +51,14 @@ def rulesets() -> list[str]:
 
 
 def result_files(paths: list[Path]) -> list[Path]:
-    """Files as given; directories expand to the ``result_*.txt`` files under them, in name order."""
+    """Files as given; directories expand to the ``result_*.txt`` files under them, in name order
+    (a submitter folder, with ``results/`` and ``systems/``: those of ``results/<system>/<benchmark>/``)."""
     found: list[Path] = []
     for path in paths:
         if not path.exists():
             raise ReportError(f"{path}: no such file or directory (check the path)")
         if path.is_dir():
-            inside = sorted(path.rglob(RESULT_GLOB))
+            inside = sorted(path.glob(f"results/*/*/{RESULT_GLOB}") if _is_submitter(path) else path.rglob(RESULT_GLOB))
             if not inside:
                 raise ReportError(f"{path}: no MLPerf result files ({RESULT_GLOB}) under it (give the result "
                                   "files or the directory that holds them)")
@@ -61,6 +66,68 @@ def result_files(paths: list[Path]) -> list[Path]:
         else:
             found.append(path)
     return found
+
+
+def _is_submitter(folder: Path) -> bool:
+    """A submitter's folder as result_summarizer recognises one: ``results/`` and ``systems/`` in it."""
+    return (folder / "results").is_dir() and (folder / "systems").is_dir()
+
+
+@dataclass
+class SystemFile:
+    """What ``<submitter>/systems/<system>.json`` states: the counts result_summarizer scores with."""
+
+    path: Path
+    name: str | None
+    num_nodes: int
+    accelerators_per_node: int
+    accelerator: str | None
+
+    @property
+    def num_accelerators(self) -> int:
+        return self.num_nodes * self.accelerators_per_node
+
+    @property
+    def shown(self) -> str:
+        return f"systems/{printable(self.path.name)}"
+
+
+def system_file_path(result: Path) -> Path | None:
+    """``<submitter>/systems/<system>.json`` of a result at ``<submitter>/results/<system>/<benchmark>/``
+    (result_summarizer's rule); None for a result outside that layout."""
+    system_dir = result.resolve().parent.parent
+    if system_dir.parent.name != "results":
+        return None
+    return system_dir.parent.parent / "systems" / f"{system_dir.name}.json"
+
+
+def read_system_file(path: Path) -> SystemFile:
+    """The system description; one that cannot give both counts is refused (result_summarizer skips it)."""
+    try:
+        desc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ReportError(f"{printable(path)}: not a readable JSON system description ({type(error).__name__}: "
+                          f"{printable(error)}) (fix it: result_summarizer skips such a system too)") from error
+    if not isinstance(desc, dict):
+        raise ReportError(f"{printable(path)}: not a JSON object (give the submission's system description)")
+    return SystemFile(path, _real(desc.get("system_name")), _count(desc, "number_of_nodes", path),
+                      _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")))
+
+
+def _count(desc: dict[str, Any], key: str, path: Path) -> int:
+    value = desc.get(key)
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    if not text.isdigit():
+        raise ReportError(f"{printable(path)}: {key} {printable(repr(value))} is not a whole number (fix the file)")
+    if int(text) == 0:
+        raise ReportError(f"{printable(path)}: {key} is 0: no accelerator count to compare runs by (a CPU-only "
+                          "system is not imported; import the other systems' result folders)")
+    return int(text)
+
+
+def _real(value: Any) -> str | None:
+    """Text as stated, None for an empty one or a template's placeholder."""
+    return value if isinstance(value, str) and value.strip() and PLACEHOLDER not in value else None
 
 
 @dataclass
@@ -92,30 +159,43 @@ class ResultLog:
 
     @property
     def minutes(self) -> float | None:
-        if self.run_start_ms is None or self.run_stop_ms is None:
+        """Time to train; None without both ends, or with run_stop before run_start (no time to score)."""
+        if self.run_start_ms is None or self.run_stop_ms is None or self.run_stop_ms < self.run_start_ms:
             return None
         return (self.run_stop_ms - self.run_start_ms) / 60 / 1000  # as result_summarizer computes it
 
     @property
+    def converged(self) -> bool:
+        """Reached the target, with a time to train to count."""
+        return self.stop_status == "success" and self.minutes is not None
+
+    @property
     def num_nodes(self) -> int | None:
-        stated = self.system.get("number_of_nodes", self.values.get("number_of_nodes"))
-        if stated not in (None, ""):
-            return int(stated)
-        return _platform_nodes(self.values.get("submission_platform"))
+        stated = _whole(self.system.get("number_of_nodes", self.values.get("number_of_nodes")))
+        return stated if stated is not None else _platform_nodes(self.platform)
 
     @property
     def accelerators_per_node(self) -> int | None:
-        stated = self.system.get("accelerators_per_node", self.values.get("accelerators_per_node"))
-        return int(stated) if stated not in (None, "") else None
+        return _whole(self.system.get("accelerators_per_node", self.values.get("accelerators_per_node")))
 
     @property
     def num_accelerators(self) -> int | None:
         nodes, per_node = self.num_nodes, self.accelerators_per_node
-        return nodes * max(per_node, 1) if nodes is not None and per_node is not None else None
+        return nodes * per_node if nodes and per_node else None  # 0 per node: no accelerator count
+
+    @property
+    def platform(self) -> str | None:
+        return _real(self.values.get("submission_platform"))
 
     @property
     def system_name(self) -> str | None:
-        return self.system.get("system_name") or self.values.get("submission_platform")
+        return _real(self.system.get("system_name")) or self.platform
+
+
+def _whole(value: Any) -> int | None:
+    """A count as the log states it (a number or a string of digits); None otherwise."""
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    return int(text) if text.isdigit() else None
 
 
 def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
@@ -159,16 +239,20 @@ def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> Result
 
 
 def _sysjson(path: Path) -> dict[str, Any]:
+    """The first ``:::SYSJSON`` line that holds a JSON object. Real logs print others before it: the
+    shell's xtrace of the command (``+ echo ':::SYSJSON {...}'``), or the tag followed by the
+    script's usage text when the script failed; those are passed over."""
     with path.open(encoding="latin-1") as lines:  # the encoding mlperf-logging's parser reads with
         for line in lines:
-            _, tag, text = line.partition(SYSJSON_TAG)
-            if tag:
-                try:
-                    found = json.loads(text)
-                except json.JSONDecodeError:
-                    log.warning("%s: the %sline is not JSON; system facts come from the MLLOG lines", path, SYSJSON_TAG)
-                    return {}
-                return found if isinstance(found, dict) else {}
+            _, tag, text = line.partition(SYSJSON_TAG.strip())
+            if not tag:
+                continue
+            try:
+                found = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(found, dict):
+                return found
     return {}
 
 
@@ -210,9 +294,9 @@ def _check_one(path: Path, ruleset: str) -> Compliance:
     return Compliance(ruleset, bool(valid), [str(e).strip() for e in errors])
 
 
-def _platform_nodes(platform: Any) -> int | None:
+def _platform_nodes(platform: str | None) -> int | None:
     """Nodes from a submission_platform such as ``8xNVIDIA DGX H100`` (the MLPerf naming rule)."""
-    if not isinstance(platform, str):
+    if platform is None:
         return None
     count, sep, _ = platform.partition("x")
     return int(count) if sep and count.isdigit() and int(count) > 0 else None
@@ -220,15 +304,13 @@ def _platform_nodes(platform: Any) -> int | None:
 
 def time_to_train(result: ResultLog) -> dict[str, Any]:
     """The summary's time_to_train section."""
-    minutes = result.minutes
-    converged = result.stop_status == "success"
     return {
         "benchmark": result.benchmark,
         "run_start_ms": result.run_start_ms,
         "run_stop_ms": result.run_stop_ms,
-        "minutes": minutes,
+        "minutes": result.minutes,
         "status": result.stop_status,
-        "converged": converged,
+        "converged": result.converged,
         "compliant": result.compliance.compliant,
         "compliance_errors": result.compliance.errors,
         "ruleset": result.compliance.ruleset,
@@ -267,55 +349,119 @@ def required_runs(benchmark: str | None) -> int | None:
 def import_result(path: Path, *, label: str | None = None, name: str | None = None, num_gpus: int | None = None,
                   gpus_per_node: int | None = None, ruleset: str | None = None, orchestrator: str | None = None,
                   gpu_name: str | None = None) -> tuple[dict[str, Any], list[str]]:
-    """A schema-v1 summary of one MLPerf result file and the notes for the user. ``num_gpus`` is used
-    only where the log does not state its accelerators (a differing one is noted, the log's kept)."""
+    """A schema-v1 summary of one MLPerf result file and the warnings for the user. The counts come
+    from the submission's systems/<system>.json, else the log; ``num_gpus`` only for a log that
+    states none, and one that contradicts them is refused."""
     result = read_result(path, ruleset)
     if result.benchmark is None:
-        raise ReportError(f"{path}: no submission_benchmark line (give an MLPerf Training result file)")
-    accelerators, notes = _accelerators(path, result, num_gpus)
-    nodes = result.num_nodes or (-(-accelerators // gpus_per_node) if gpus_per_node else 1)
+        raise ReportError(f"{printable(path)}: no submission_benchmark line (give an MLPerf Training result file)")
+    system, notes = _system_file(path)
+    scale, scale_notes = _scale(path, result, system, num_gpus, gpus_per_node)
+    notes += scale_notes
     batch = result.values.get("global_batch_size")
     facts = RunFacts(
-        name=name or path.stem, label=label or result.system_name or "unknown",
+        name=name or path.stem, label=label or (system and system.name) or result.system_name or "unknown",
         global_batch_size=int(batch) if isinstance(batch, (int, float)) and batch >= 1 else 1,
         micro_batch_size=None, seq_length=None, rate="samples", model_name=result.benchmark, model_spec=None,
         flops_formula=USER_FLOPS, flops_per_sample=None,
-        gpu_name=gpu_name or result.system.get("accelerator_model_name") or "unknown", num_gpus=accelerators,
-        num_nodes=nodes, dtype=None, peak_tflops=None, peak_source=None, source=f"import:{NAME}",
+        gpu_name=gpu_name or (system and system.accelerator) or _real(result.system.get("accelerator_model_name"))
+        or "unknown", num_gpus=scale.num_accelerators,
+        num_nodes=scale.num_nodes, dtype=None, peak_tflops=None, peak_source=None, source=f"import:{NAME}",
         environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path),
                      "system": result.system or None, "framework": result.system.get("framework")},
     )
     status, error = _status(result)
+    notes += _notes(result, error)
     summary = build_summary(facts, RunStats(world_size=1, warmup_steps=0), status, error)
     summary["batch"]["global_batch_size"] = batch if facts.global_batch_size == batch else None
     summary["model"]["flops_formula"] = summary["model"]["mfu_convention"]["formula"] = None  # not in the log
     summary["throughput"]["samples_per_s"] = _samples_per_s(result)
     summary["throughput"]["rate_source"] = "log:tracked_stats.throughput" if result.throughputs else None
-    summary["time_to_train"] = {**time_to_train(result), "ruleset_given": ruleset is not None}
-    if ruleset is None:  # a guess, said as one: the round decides which checks apply
-        notes.append(f"the log does not name its MLPerf round: checked against ruleset {result.compliance.ruleset} "
-                     "(the newest whose rules allow the benchmark and that it passes); give --ruleset with the "
-                     "round it was submitted to (e.g. --ruleset 4.0.0) to check it as that round")
-    return summary, notes + _notes(result)
+    summary["time_to_train"] = {**time_to_train(result), "ruleset_given": ruleset is not None,
+                                "system_file": str(system.path) if system else None, "counts_from": scale.source,
+                                "notes": notes}
+    return summary, notes
 
 
-def _accelerators(path: Path, result: ResultLog, given: int | None) -> tuple[int, list[str]]:
-    """The log's accelerator count; ``given`` only for a log that does not state it."""
-    stated = result.num_accelerators
-    if stated is None and given is None:
-        raise ReportError(f"{path}: the log does not state its accelerators (no :::SYSJSON number_of_nodes / "
-                          "accelerators_per_node) (give --num-gpus)")
-    if stated is None:
-        return given, [f"{given} GPUs as given (the log does not state its accelerators)"]  # type: ignore[list-item]
-    if given is not None and given != stated:
-        return stated, [f"the log states {result.num_nodes} node(s) x {result.accelerators_per_node} accelerators "
-                        f"= {stated}; --num-gpus {given} applies only to logs that do not say"]
-    return stated, []
+def unnamed_round_note(summaries: list[dict[str, Any]]) -> str:
+    """Said once per command: without --ruleset, which round each log was checked as is a guess."""
+    checked: dict[str, int] = {}
+    for summary in summaries:
+        ruleset = summary["time_to_train"]["ruleset"]
+        checked[ruleset] = checked.get(ruleset, 0) + 1
+    counts = ", ".join(f"{ruleset} for {count} file(s)" for ruleset, count in sorted(checked.items()))
+    return (f"the logs do not name their MLPerf round: each was checked against the newest ruleset whose rules "
+            f"allow its benchmark and that it passes ({counts}); give --ruleset with the round they were "
+            "submitted to (e.g. --ruleset 4.0.0) to check them as that round")
+
+
+def _system_file(path: Path) -> tuple[SystemFile | None, list[str]]:
+    """The submission's description of the result's system; None outside a submission's layout."""
+    described = system_file_path(path)
+    if described is None or not described.parent.is_dir():  # results/ without its submission around it
+        return None, []
+    if not described.is_file():
+        return None, [f"no systems/{printable(described.name)} in the submission: the counts are the log's, "
+                      "which real logs can get wrong (result_summarizer skips such a system)"]
+    return read_system_file(described), []
+
+
+@dataclass
+class Scale:
+    """A run's nodes and accelerators, and which source stated them."""
+
+    num_nodes: int
+    num_accelerators: int
+    source: str  # systems/<system>.json, log, --num-gpus
+
+
+def _scale(path: Path, result: ResultLog, system: SystemFile | None, given: int | None,
+           gpus_per_node: int | None) -> tuple[Scale, list[str]]:
+    """The systems file's counts, else the log's; ``given`` only where neither states them."""
+    notes: list[str] = []
+    if system is not None:
+        stated = Scale(system.num_nodes, system.num_accelerators, system.shown)
+        notes += _disagreement(result, system)
+    elif result.accelerators_per_node == 0:
+        raise ReportError(f"{printable(path)}: the log states accelerators_per_node 0: no accelerator count to "
+                          "compare runs by (a CPU-only run is not imported)")
+    elif result.num_accelerators is not None:
+        stated = Scale(result.num_nodes or 1, result.num_accelerators, "log")
+    elif given is None:
+        raise ReportError(f"{printable(path)}: the log does not state its accelerators (no :::SYSJSON "
+                          "number_of_nodes / accelerators_per_node, no systems/<system>.json beside results/) "
+                          "(give --num-gpus)")
+    else:
+        nodes = -(-given // gpus_per_node) if gpus_per_node else 1
+        return Scale(nodes, given, "--num-gpus"), [f"{given} GPUs as given (the log does not state its accelerators)"]
+    if given is not None and given != stated.num_accelerators:
+        raise ReportError(f"{printable(path)}: --num-gpus {given} contradicts {stated.source}: {stated.num_nodes} "
+                          f"node(s), {stated.num_accelerators} accelerators (leave --num-gpus out: it is only for "
+                          "logs that do not state their accelerators)")
+    return stated, notes
+
+
+def _disagreement(result: ResultLog, system: SystemFile) -> list[str]:
+    """A note where the log states other counts than the systems file (which is what gets scored)."""
+    nodes, per_node = result.num_nodes, result.accelerators_per_node
+    if (nodes is None or nodes == system.num_nodes) and (per_node is None or per_node == system.accelerators_per_node):
+        return []
+    return [f"the log states {_or_unstated(nodes)} node(s) x {_or_unstated(per_node)} accelerators, {system.shown} "
+            f"{system.num_nodes} x {system.accelerators_per_node}: the systems file counts (result_summarizer's rule)"]
+
+
+def _or_unstated(count: int | None) -> str:
+    return "?" if count is None else str(count)
 
 
 def _status(result: ResultLog) -> tuple[str, str | None]:
+    if result.run_start_ms is None:
+        return "failed", "no run_start line: no time to train to count"
     if result.run_stop_ms is None:
         return "interrupted", "no run_stop line: the run did not finish"
+    if result.minutes is None:
+        return "failed", (f"run_stop ({result.run_stop_ms:.0f} ms) is before run_start ({result.run_start_ms:.0f} "
+                          "ms): no time to train to count")
     if result.stop_status != "success":
         return "failed", f"run_stop status {result.stop_status!r}: the target quality was not reached"
     return "completed", None
@@ -326,14 +472,14 @@ def _samples_per_s(result: ResultLog) -> float | None:
     return statistics.fmean(rate for _, rate in result.throughputs) if result.throughputs else None
 
 
-def _notes(result: ResultLog) -> list[str]:
-    notes = []
+def _notes(result: ResultLog, error: str | None) -> list[str]:
+    notes = [f"{error}; not counted as a converged run"] if error else []
     if not result.compliance.compliant:
         shown = "; ".join(e.splitlines()[0] for e in result.compliance.errors[:3])
-        notes.append(f"warning: fails mlperf-logging's compliance check ({result.compliance.ruleset}): {shown}; "
+        notes.append(f"fails mlperf-logging's compliance check ({result.compliance.ruleset}): {shown}; "
                      "report counts it as a dropped run")
     if result.parse_errors:
-        notes.append(f"warning: {len(result.parse_errors)} :::MLLOG line(s) could not be parsed")
+        notes.append(f"{len(result.parse_errors)} :::MLLOG line(s) could not be parsed")
     return notes
 
 
@@ -354,12 +500,21 @@ UNREADABLE = ("could not read it as an MLPerf result file",
               "(check the file; check it with python -m mlperf_logging.compliance_checker too)")
 
 
-def say_imported(target: Path, summary: dict[str, Any], notes: list[str]) -> None:
+def say_warning(note: str, where: str | None = None) -> None:
+    """Every warning of an MLPerf import, in one format."""
+    print(f"nemo-throughput import: warning: {printable(where) + ': ' if where else ''}{note}", file=sys.stderr)
+
+
+def say_imported(target: Path, summary: dict[str, Any], notes: list[str], once: tuple[str, ...] = ()) -> None:
+    """The file's warnings (after ``once``, the command's own), then one line of what was written."""
+    for note in once:
+        say_warning(note)
     for note in notes:
-        print(f"nemo-throughput import: {target.parent.name}: {note}", file=sys.stderr)
+        say_warning(note, summary["environment"]["imported_from"])
     ttt = summary["time_to_train"]
-    minutes = f"{ttt['minutes']:.2f} min" if ttt["minutes"] is not None else "no run_stop"
+    minutes = f"{ttt['minutes']:.2f} min" if ttt["minutes"] is not None else "no time to train"
     rate = summary["throughput"]["samples_per_s"]
-    print(f"{target}: {ttt['benchmark']} on {summary['run']['label']} ({summary['hardware']['num_gpus']} GPUs), "
-          f"{minutes}, {ttt['status'] or 'no status'}, {'compliant' if ttt['compliant'] else 'NOT compliant'} "
-          f"({ttt['ruleset']})" + (f", {rate:,.4g} samples/s" if rate is not None else ""))
+    print(f"{printable(target)}: {ttt['benchmark']} on {printable(summary['run']['label'])} "
+          f"({summary['hardware']['num_gpus']} GPUs), {minutes}, {ttt['status'] or 'no status'}, "
+          f"{'compliant' if ttt['compliant'] else 'NOT compliant'} ({ttt['ruleset']})"
+          + (f", {rate:,.4g} samples/s" if rate is not None else ""))
