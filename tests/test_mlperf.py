@@ -407,3 +407,14 @@ def test_a_system_without_accelerators_or_a_broken_systems_file_is_refused(capsy
     assert '"accelerators_per_node":"0"' in zero.read_text(encoding="latin-1")
     code, err = run_import(capsys, zero, out=tmp_path / "c", extra=("--num-gpus", "8"))
     assert code == 2 and "the log states accelerators_per_node 0" in err
+
+
+def test_file_names_in_messages_are_printable(capsys, tmp_path):
+    hostile = tmp_path / "\x1b[2Jcleared\nresults"
+    hostile.mkdir()
+    code, err = run_import(capsys, hostile, out=tmp_path / "out")
+    assert code == 2 and "no MLPerf result files" in err and "\x1b" not in err and len(err.splitlines()) == 1
+    shutil.copyfile(EOS_8 / "result_0.txt", hostile / "result_0.txt")
+    (hostile / "scaling.json").write_text("{}")
+    code, err = run_import(capsys, hostile, out=tmp_path / "out")
+    assert code == 2 and "not a scaling.json" in err and "\x1b" not in err and len(err.splitlines()) == 1

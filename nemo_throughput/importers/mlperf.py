@@ -56,12 +56,12 @@ def result_files(paths: list[Path]) -> list[Path]:
     found: list[Path] = []
     for path in paths:
         if not path.exists():
-            raise ReportError(f"{path}: no such file or directory (check the path)")
+            raise ReportError(f"{printable(path)}: no such file or directory (check the path)")
         if path.is_dir():
             inside = sorted(path.glob(f"results/*/*/{RESULT_GLOB}") if _is_submitter(path) else path.rglob(RESULT_GLOB))
             if not inside:
-                raise ReportError(f"{path}: no MLPerf result files ({RESULT_GLOB}) under it (give the result "
-                                  "files or the directory that holds them)")
+                raise ReportError(f"{printable(path)}: no MLPerf result files ({RESULT_GLOB}) under it (give the "
+                                  "result files or the directory that holds them)")
             found.extend(inside)
         else:
             found.append(path)
@@ -205,10 +205,10 @@ def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
         raise ReportError(f"--ruleset {ruleset}: mlperf-logging checks {', '.join(rulesets())} (give one of them, "
                           "e.g. 4.0.0 for a v4.0 result)")
     if not path.is_file():
-        raise ReportError(f"{path}: not a file (give an MLPerf result file, e.g. result_0.txt)")
+        raise ReportError(f"{printable(path)}: not a file (give an MLPerf result file, e.g. result_0.txt)")
     lines, failed = parser.parse_file(str(path), ruleset=ruleset or rulesets()[0])
     if not lines:
-        raise ReportError(f"{path}: no `{MLLOG_TAG.strip()}` lines (give an MLPerf Training result file)")
+        raise ReportError(f"{printable(path)}: no `{MLLOG_TAG.strip()}` lines (give an MLPerf Training result file)")
     result = _from_lines(path, lines, [f"{error}: {line[:200]}" for line, error in failed])
     result.compliance = _check(path, result.benchmark, ruleset)
     return result
@@ -333,10 +333,11 @@ def scaling_factor(folder: Path) -> float:
     try:
         factor = json.loads(scaling_file.read_text(encoding="utf-8"))["scaling_factor"]
     except (ValueError, KeyError, TypeError) as error:
-        raise ReportError(f"{scaling_file}: not a scaling.json of the form {{\"scaling_factor\": 1.03}} "
+        raise ReportError(f"{printable(scaling_file)}: not a scaling.json of the form {{\"scaling_factor\": 1.03}} "
                           f"({type(error).__name__}: {error}) (fix or remove it)") from error
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 0:
-        raise ReportError(f"{scaling_file}: scaling_factor {factor!r} must be a positive number (fix or remove it)")
+        raise ReportError(f"{printable(scaling_file)}: scaling_factor {factor!r} must be a positive number (fix or "
+                          "remove it)")
     return float(factor)
 
 
