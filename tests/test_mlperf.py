@@ -393,6 +393,9 @@ def test_a_system_without_accelerators_or_a_broken_systems_file_is_refused(capsy
     described.write_text(original.replace('"accelerators_per_node": "8"', '"accelerators_per_node": "0"'))
     code, err = run_import(capsys, submission, out=tmp_path / "a", ruleset=RULESET_V5)
     assert code == 2 and "accelerators_per_node is 0" in err and described.name in err
+    described.write_text(original.replace('"number_of_nodes": "4"', '"number_of_nodes": "4 (32 GPUs)"'))
+    code, err = run_import(capsys, submission, out=tmp_path / "a", ruleset=RULESET_V5)
+    assert code == 2 and "number_of_nodes '4 (32 GPUs)' is not a whole number" in err
     described.write_text(original[: len(original) // 2])
     code, err = run_import(capsys, submission, out=tmp_path / "b", ruleset=RULESET_V5)
     assert code == 2 and "not a readable JSON system description" in err and len(err.splitlines()) == 1

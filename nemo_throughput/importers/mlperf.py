@@ -115,14 +115,14 @@ def read_system_file(path: Path) -> SystemFile:
 
 
 def _count(desc: dict[str, Any], key: str, path: Path) -> int:
-    value = desc.get(key)
-    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
-    if not text.isdigit():
-        raise ReportError(f"{printable(path)}: {key} {printable(repr(value))} is not a whole number (fix the file)")
-    if int(text) == 0:
+    count = _whole(desc.get(key))
+    if count is None:
+        raise ReportError(f"{printable(path)}: {key} {printable(repr(desc.get(key)))} is not a whole number (fix "
+                          "the file)")
+    if count == 0:
         raise ReportError(f"{printable(path)}: {key} is 0: no accelerator count to compare runs by (a CPU-only "
                           "system is not imported; import the other systems' result folders)")
-    return int(text)
+    return count
 
 
 def _real(value: Any) -> str | None:
