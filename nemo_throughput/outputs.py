@@ -30,6 +30,7 @@ def check_output_file(path: str | os.PathLike, option: str, *, reads: Iterable[s
     """
     path = Path(path)
     shown = printable(path)
+    _refuse_a_name_too_long(path, option)
     if path.is_dir():
         raise OutputPathError(f"{option} {shown} is a directory; give a file name")
     _refuse_a_file_above(path, option)
@@ -53,6 +54,7 @@ def check_output_dir(path: str | os.PathLike, option: str) -> Path:
     written. Nothing is created here.
     """
     path = Path(path)
+    _refuse_a_name_too_long(path, option)
     if path.exists() and not path.is_dir():
         raise OutputPathError(f"{option} {printable(path)} is a file, not a directory")
     _refuse_a_file_above(path, option)
@@ -60,6 +62,14 @@ def check_output_dir(path: str | os.PathLike, option: str) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputPathError(f"{option} {printable(path)}: directory {printable(existing)} cannot be written")
     return path
+
+
+def _refuse_a_name_too_long(path: Path, option: str) -> None:
+    # ENAMETOOLONG is not "missing" to pathlib: every later is_dir()/exists() would raise it
+    try:
+        path.exists()
+    except OSError as error:
+        raise OutputPathError(f"{option} {printable(path)}: {error.strerror}") from None
 
 
 def _refuse_a_file_above(path: Path, option: str) -> None:

@@ -5,6 +5,7 @@ import copy
 import datetime as dt
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -340,11 +341,137 @@ def test_slurm_hostile_but_valid_values_stay_data(tmp_path):
     (["slurm", "--partitoin=batch", "python", "t.py"], "unrecognized option '--partitoin=batch'"),
     (["k8s", "--image", "nemo:1", "--namespace", "Team_A", "--", "python", "t.py"], "--namespace 'Team_A'"),
     (["k8s", "--image", "nemo:1", "--job-name", "demo\n", "--", "python", "t.py"], "--job-name 'demo\\n'"),
+    # issue 18: a command that starts with an option would become srun's or torchrun's own
+    (["slurm", "--", "--nodes=3", "python", "t.py"], "the training command starts with '--nodes=3', an option"),
+    (["k8s", "--image", "nemo:1", "--", "-m", "train"], "the training command starts with '-m', an option"),
+    (["k8s", "--image", "nemo:1", "--", "python", "-u", "t.py"], "python's own option '-u' cannot be passed"),
+    (["k8s", "--image", "nemo:1", "--", "python", "--nnodes=9", "t.py"], "python's own option '--nnodes=9'"),
+    (["k8s", "--image", "nemo:1", "--", "python", "-m"], "`python -m` needs the module next"),
+    (["k8s", "--image", "nemo:1", "--", "python", "-m", "--nnodes=9", "train"], "`python -m` needs the module"),
+    # issue 18: counts beyond what sbatch (C int) and Kubernetes (int32 replicas) take
+    (["slurm", "--nodes", "2147483648", "--", "python", "t.py"], "--nodes 2147483648 is more than Slurm and"),
+    (["k8s", "--image", "nemo:1", "--nodes", "2147483648", "--", "python", "t.py"], "at most 2147483647"),
+    (["slurm", "--gpus-per-node", str(10**20), "--", "python", "t.py"], "--gpus-per-node 1000"),
+    (["k8s", "--image", "nemo:1", "--repeat", "2147483648", "--", "python", "t.py"], "--repeat 2147483648"),
+    # issue 18: a file name longer than the file system takes (the default one comes from --job-name)
+    (["slurm", "--job-name", "j" * 300, "--", "python", "t.py"], f"--output {'j' * 300}.sbatch: File name too long"),
+    (["slurm", "--results-dir", "r" * 300, "--", "python", "t.py"], f"{'r' * 300}: File name too long"),
+    (["k8s", "--image", "nemo:1", "--output", "k" * 300, "--", "python", "t.py"], "File name too long"),
 ])
 def test_hostile_launch_requests_write_nothing(args, message, tmp_path):
     result = cli(*args, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- outputs (issue 18)
+SUMMARY_TEXT = '{"schema": "nemo-throughput/summary/v1", "status": "completed"}\n'
+OUTPUT_PATHS = [
+    (["--output", "missing/job.out"], "--output missing/job.out: directory missing does not exist; create it first"),
+    (["--output", "a-dir"], "--output a-dir is a directory; give a file name"),
+    (["--output", "a-file/job.out"], "--output a-file/job.out: {tmp}/a-file is a file, not a directory"),
+    (["--output", "summary.json"], "--output summary.json is a run's summary; write elsewhere"),
+]
+RESULTS_DIRS = [
+    (["--results-dir", "a-file"], "--results-dir {tmp}/a-file is a file, not a directory"),
+    (["--results-dir", "a-file/runs"], "--results-dir {tmp}/a-file/runs: {tmp}/a-file is a file, not a directory"),
+]
+
+
+@pytest.mark.parametrize("target, option, message", [
+    *(("slurm", option, message) for option, message in OUTPUT_PATHS + RESULTS_DIRS),
+    *(("k8s", option, message) for option, message in OUTPUT_PATHS),
+])
+def test_output_paths_are_checked_before_anything_is_written(target, option, message, tmp_path):
+    (tmp_path / "a-dir").mkdir()
+    (tmp_path / "a-file").write_text("not a directory\n")
+    (tmp_path / "summary.json").write_text(SUMMARY_TEXT)
+    before = sorted(tmp_path.rglob("*"))
+    extra = ["--image", "nemo:1"] if target == "k8s" else []
+    result = cli(target, *extra, *option, "--", "python", "t.py", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr == f"nemo-throughput launch {target}: {message.format(tmp=tmp_path)}\n"
+    assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "summary.json").read_text() == SUMMARY_TEXT
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path):
+    """What no check beforehand sees (a full disk: /dev/full) still ends in one line, not a traceback."""
+    result = cli("k8s", "--image", "nemo:1", "--output", "/dev/full", "--", "python", "t.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == ("nemo-throughput launch k8s: --output /dev/full cannot be written: "
+                             "No space left on device\n")
+
+
+def test_results_dir_on_the_hosts_is_created_with_the_script(tmp_path):
+    result = cli("slurm", "--results-dir", "runs/2026", "--", "python", "t.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "runs" / "2026").is_dir() and (tmp_path / "nemo-throughput.sbatch").is_file()
+
+
+# ----------------------------------------------------------------------------- the job body at scale (issue 18)
+SRUN_STAND_IN = """#!/bin/bash
+printf '%s\\0' "$MASTER_ADDR" "$NEMO_THROUGHPUT_REPEAT" "$@" >> "$SRUN_RECORD"
+printf '\\n' >> "$SRUN_RECORD"
+"""
+
+
+def run_job_body(script: str, tmp_path: Path, nodelist: str, nodes: int, tasks_per_node: int = 8):
+    """`script` run by bash as Slurm runs a batch script on the first node of a `nodes`-node allocation:
+    the SLURM_* variables of the batch step, the real scontrol (slurm-wlm) expanding the host list, and,
+    in place of srun (which needs a real allocation), a stand-in that records how it was called."""
+    if shutil.which("scontrol") is None:
+        pytest.skip("scontrol is not installed: run .ci/setup-slurm")
+    conf = tmp_path / "slurm.conf"  # scontrol reads a configuration even to expand a host list
+    conf.write_text("ClusterName=big\nSlurmctldHost=localhost\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(SRUN_STAND_IN)
+    (bin_dir / "srun").chmod(0o755)
+    record = tmp_path / "srun-calls"
+    record.unlink(missing_ok=True)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    first = subprocess.run(["scontrol", "show", "hostnames", nodelist], env={**os.environ, "SLURM_CONF": str(conf)},
+                           capture_output=True, text=True, check=True).stdout.split("\n", 1)[0]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_CONF": str(conf),
+           "SRUN_RECORD": str(record), "SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242",
+           "SLURM_JOB_NAME": "nemo-throughput", "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
+           "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_NNODES": str(nodes), "SLURM_NODEID": "0",
+           "SLURMD_NODENAME": first, "SLURM_NTASKS_PER_NODE": str(tasks_per_node),
+           "SLURM_NTASKS": str(nodes * tasks_per_node), "SLURM_NPROCS": str(nodes * tasks_per_node),
+           "SLURM_TASKS_PER_NODE": f"{tasks_per_node}(x{nodes})", "SLURM_GPUS_PER_NODE": str(tasks_per_node),
+           "SLURM_JOB_PARTITION": "batch", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_CLUSTER_NAME": "big"}
+    result = subprocess.run(["bash", str(path)], env=env, cwd=tmp_path, capture_output=True, text=True)
+    calls = [line.split("\0")[:-1] for line in record.read_text().splitlines()] if record.exists() else []
+    return result, calls, first
+
+
+@pytest.mark.parametrize("nodelist, nodes, runs", [
+    # 512 nodes: 6.5 kB of host names, two of scontrol's 4 kB writes; `| head -n 1` lost the race often
+    ("gpu-node[0001-0512]", 512, 10),
+    # more than a pipe holds (134 kB): `| head -n 1` killed every such job before srun
+    ("node-of-a-site-with-long-names-[00001-04096]", 4096, 1),
+])
+def test_slurm_job_body_reaches_srun_with_a_large_allocation(nodelist, nodes, runs, tmp_path):
+    job = SlurmJob(command=["python", "t.py", "trainer.num_nodes=512"], nodes=nodes, repeat=2,
+                   results_dir=str(tmp_path / "runs"))
+    for _ in range(runs):
+        result, calls, first = run_job_body(render_sbatch(job, now=FIXED_TIME), tmp_path, nodelist, nodes)
+        assert result.returncode == 0, result.stderr
+        assert calls == [[first, "1", "--kill-on-bad-exit=1", "python", "t.py", "trainer.num_nodes=512"],
+                         [first, "2", "--kill-on-bad-exit=1", "python", "t.py", "trainer.num_nodes=512"]]
+
+
+def test_slurm_template_by_hand_refuses_a_command_that_starts_with_an_option(tmp_path):
+    """`sbatch benchmark.sbatch --nodes=3 python t.py`: srun would take --nodes=3 as its own."""
+    from nemo_throughput.launch.slurm import TEMPLATE
+
+    result, calls, _ = run_job_body(TEMPLATE.read_text(), tmp_path, "node[01-02]", 2)
+    assert result.returncode == 2 and "usage: sbatch" in result.stderr  # no command at all
+    script = TEMPLATE.read_text().replace("set -euo pipefail", 'set -- --nodes=3 python t.py\nset -euo pipefail', 1)
+    result, calls, _ = run_job_body(script, tmp_path, "node[01-02]", 2)
+    assert result.returncode == 2 and calls == []
+    assert "the training command starts with the option '--nodes=3'" in result.stderr
 
 
 # ----------------------------------------------------------------------------- Kubernetes names and $(VAR)

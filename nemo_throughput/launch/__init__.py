@@ -18,9 +18,16 @@ class LaunchError(ValueError):
     """A launch request that cannot work, with what to change."""
 
 
-def require_positive(name: str, value: int) -> None:
+# sbatch parses its counts as C ints and Kubernetes' replicas is an int32: a larger count would be
+# refused at submission (or wrap around), after the file was written.
+MAX_COUNT = 2**31 - 1
+
+
+def require_count(name: str, value: int) -> None:
     if value < 1:
         raise LaunchError(f"{name} must be at least 1, got {value}")
+    if value > MAX_COUNT:
+        raise LaunchError(f"{name} {value} is more than Slurm and Kubernetes take (at most {MAX_COUNT})")
 
 
 def require_command(command: list[str]) -> list[str]:
@@ -39,6 +46,9 @@ def require_command(command: list[str]) -> list[str]:
     if not command:
         raise LaunchError("no training command: put it after `--`, e.g. "
                           "`-- python train.py +callbacks=throughput`")
+    if command[0].startswith("-"):  # srun (or torchrun) would take it as one of its own options
+        raise LaunchError(f"the training command starts with {command[0]!r}, an option, not a program: "
+                          "start it with the program, e.g. `-- python train.py ...`")
     for arg in command:
         require_no_control_characters("the training command", arg, allowed="\t\n")
     return command

@@ -11,6 +11,8 @@ from pathlib import Path
 from nemo_throughput.launch import LaunchError, submit
 from nemo_throughput.launch.kubernetes import KubernetesJob, manifest_yaml, render_manifest, validate_manifest
 from nemo_throughput.launch.slurm import SlurmJob, render_sbatch
+from nemo_throughput.outputs import OutputPathError, check_output_dir, check_output_file
+from nemo_throughput.report.safe_text import printable
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -67,7 +69,7 @@ def run_launch(args: argparse.Namespace, command: list[str]) -> int:
             launch_slurm(args, command)
         else:
             launch_kubernetes(args, command)
-    except LaunchError as error:
+    except (LaunchError, OutputPathError) as error:
         print(f"nemo-throughput launch {args.target}: {error}", file=sys.stderr)
         return 2
     return 0
@@ -83,11 +85,12 @@ def launch_slurm(args: argparse.Namespace, command: list[str]) -> None:
         account=args.account, time=args.time, job_name=args.job_name or "nemo-throughput", repeat=args.repeat,
         label=args.label, results_dir=results_dir,
     )
-    path = args.output or Path(f"{job.job_name}.sbatch")
-    path.write_text(render_sbatch(job))
-    path.chmod(0o755)
+    path = check_output_file(args.output or Path(f"{job.job_name}.sbatch"), "--output")
+    if not args.image:  # on the hosts: created here, since Slurm does not create its --output's directory
+        check_output_dir(results_dir, "--results-dir")
+    _write(path, render_sbatch(job), mode=0o755)
     if not args.image:
-        Path(results_dir).mkdir(parents=True, exist_ok=True)  # sbatch writes its --output there
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
     print(f"wrote {path}")
     if args.submit:
         reply = submit("sbatch", path)
@@ -107,16 +110,26 @@ def launch_kubernetes(args: argparse.Namespace, command: list[str]) -> None:
         # a PyTorchJob name is unique in its namespace and keys the results: one per launch
         job_name=args.job_name or f"nemo-throughput-{dt.datetime.now():%m%d-%H%M%S}",
     )
+    path = check_output_file(args.output or Path(f"{job.job_name}.yaml"), "--output")
     manifest = render_manifest(job)
     try:
         validate_manifest(manifest)
     except ImportError:
         print("(not validated offline: pip install 'nemo-throughput[kubernetes]' to check it before applying)")
-    path = args.output or Path(f"{job.job_name}.yaml")
-    path.write_text(manifest_yaml(manifest))
+    _write(path, manifest_yaml(manifest))
     print(f"wrote {path}")
     if not job.summary_volume:
         print("note: without --summary-volume the summaries stay in the pods' /results and go with them")
     if args.submit:
         print(submit("kubectl", path))  # "pytorchjob.kubeflow.org/<name> created"
         print(f"submitted: PyTorchJob {job.namespace}/{job.job_name}")
+
+
+def _write(path: Path, text: str, mode: int | None = None) -> None:
+    try:
+        path.write_text(text)
+        if mode is not None:
+            path.chmod(mode)
+    except OSError as error:  # what the checks cannot see: a full disk, an I/O error
+        raise LaunchError(f"--output {printable(path)} cannot be written: {error.strerror}") from None
+

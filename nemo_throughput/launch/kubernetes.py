@@ -17,8 +17,8 @@ from nemo_throughput.launch import (
     TEMPLATES,
     LaunchError,
     require_command,
+    require_count,
     require_no_control_characters,
-    require_positive,
 )
 
 TEMPLATE = TEMPLATES / "kubernetes" / "pytorchjob.yaml"
@@ -57,17 +57,18 @@ class KubernetesJob:
         if not _PYTHON.fullmatch(command[0]) or len(command) < 2:
             raise LaunchError("in each pod torchrun starts the training processes, so the command must be "
                               f"`python <script or -m module> ...`; got `{' '.join(command)}`")
+        _check_torchrun_target(command[1:])
         self.command = command
         if not self.image:
             raise LaunchError("--image is required: every pod runs the training in this container image")
-        require_positive("--nodes", self.nodes)
-        require_positive("--gpus-per-node", self.gpus_per_node)
-        require_positive("--repeat", self.repeat)
+        require_count("--nodes", self.nodes)
+        require_count("--gpus-per-node", self.gpus_per_node)
+        require_count("--repeat", self.repeat)
         if (self.rdma_resource is None) != (self.rdma_count is None):
             raise LaunchError("--rdma-resource and --rdma-count go together (e.g. --rdma-resource rdma/ib "
                               "--rdma-count 8)")
         if self.rdma_count is not None:
-            require_positive("--rdma-count", self.rdma_count)
+            require_count("--rdma-count", self.rdma_count)
         for flag, value in (("--job-name", self.job_name), ("--namespace", self.namespace), ("--image", self.image),
                             ("--label", self.label), ("--queue", self.queue), ("--queue-label", self.queue_label),
                             ("--rdma-resource", self.rdma_resource), ("--scheduler-name", self.scheduler_name),
@@ -117,6 +118,18 @@ class KubernetesJob:
         """The label as the NEMO_THROUGHPUT_RUN_LABEL env value, which the kubelet expands too."""
         label = self.label or ""
         return label if self.expand_env else _dollars_escaped(label)
+
+
+def _check_torchrun_target(args: list[str]) -> None:
+    """What follows `python` goes to torchrun, which reads an option there as its own: only
+    `-m module` means the same to both; python's other options never reach the training processes."""
+    if args[0] == "-m":
+        if len(args) < 2 or args[1].startswith("-"):
+            raise LaunchError("`python -m` needs the module next, e.g. `-- python -m my_package.train ...`")
+    elif args[0].startswith("-"):
+        raise LaunchError(f"python's own option {args[0]!r} cannot be passed: torchrun starts the training "
+                          "processes (as `python -u <script>`) and would read it as its own; give the script or "
+                          "`-m module` right after `python` (python's options have PYTHON* environment variables)")
 
 
 def _dollars_escaped(text: str) -> str:

@@ -13,8 +13,8 @@ from nemo_throughput.launch import (
     TEMPLATES,
     LaunchError,
     require_command,
+    require_count,
     require_no_control_characters,
-    require_positive,
 )
 
 TEMPLATE = TEMPLATES / "slurm" / "benchmark.sbatch"
@@ -52,9 +52,9 @@ class SlurmJob:
 
     def __post_init__(self) -> None:
         self.command = require_command(self.command)
-        require_positive("--nodes", self.nodes)
-        require_positive("--gpus-per-node", self.gpus_per_node)
-        require_positive("--repeat", self.repeat)
+        require_count("--nodes", self.nodes)
+        require_count("--gpus-per-node", self.gpus_per_node)
+        require_count("--repeat", self.repeat)
         self._check_text_fields()
         self._check_names()
         if self.mounts and not self.image:
