@@ -495,6 +495,7 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
             "model: pass global_batch_size=... or micro_batch_size=... to ThroughputCallback "
             "(callbacks.throughput.global_batch_size=... with Hydra)."
         )
+    _check_batch(global_batch_size, micro_batch_size, data_parallel)
 
     gpu_name = device_name(device)
     dtype = config.dtype or framework_dtype
@@ -534,6 +535,20 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
         settings=config.to_dict(),
         started_at=started.isoformat(timespec="seconds"),
     )
+
+
+def _check_batch(global_batch_size: int, micro_batch_size: int | None, data_parallel: int) -> None:
+    """One optimizer step trains micro_batch_size samples on each data-parallel rank at least, in
+    whole micro-batches: a global batch that is not a multiple of that would make every rate wrong."""
+    if micro_batch_size is None:
+        return
+    per_pass = micro_batch_size * data_parallel
+    if global_batch_size % per_pass:
+        raise ValueError(
+            f"nemo-throughput: global_batch_size {global_batch_size} is not a positive multiple of micro_batch_size "
+            f"{micro_batch_size} x data-parallel size {data_parallel} = {per_pass} (one micro-batch on every "
+            "data-parallel rank is the least a step trains). Correct global_batch_size or micro_batch_size "
+            "(callbacks.throughput.global_batch_size=... with Hydra).")
 
 
 def _flops_per_sample(config: ThroughputConfig, spec: ModelSpec | None) -> float | None:

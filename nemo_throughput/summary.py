@@ -75,6 +75,9 @@ class RunFacts:
             raise ValueError(f"run label must be a string, got {self.label!r} ({type(self.label).__name__})")
         for name in ("global_batch_size", "num_gpus", "num_nodes"):
             require_positive_int(name, getattr(self, name), prefix="")
+        if self.num_nodes > self.num_gpus:
+            raise ValueError(f"num_nodes {self.num_nodes} is more than num_gpus {self.num_gpus}: every node runs at "
+                             "least one GPU; check the node and GPU counts given")
         for name in ("micro_batch_size", "seq_length"):
             if getattr(self, name) is not None:
                 require_positive_int(name, getattr(self, name), prefix="")

@@ -489,3 +489,16 @@ def test_a_run_summary_never_holds_the_secrets_of_its_command_line_or_environmen
     assert "+exp_manager.wandb_api_key=<redacted>" in environment["command"]
     assert "{project:p,api_key:<redacted>}" in environment["command"]
     assert environment["nodes"][0]["communication_env"]["NCCL_TEST_AUTH_TOKEN"] == "<redacted>"
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"global_batch_size": 3}, r"global_batch_size 3 is not a positive multiple of micro_batch_size 2 x "
+                               r"data-parallel size 1 = 2"),
+    ({"global_batch_size": 4, "micro_batch_size": 8}, r"global_batch_size 4 is not a positive multiple of "
+                                                      r"micro_batch_size 8 x data-parallel size 1 = 8"),
+])
+def test_a_global_batch_smaller_or_not_a_multiple_of_one_step_is_refused(tmp_path, quiet_trainer_kwargs, settings,
+                                                                        message):
+    with pytest.raises(ValueError, match=message):
+        fit_demo(tmp_path, quiet_trainer_kwargs, steps=2, **settings)
+

@@ -158,6 +158,7 @@ def facts(**changes):
 @pytest.mark.parametrize("changes, message", [
     ({"num_gpus": 0}, "num_gpus must be a positive integer, got 0"),
     ({"num_nodes": 0}, "num_nodes must be a positive integer, got 0"),
+    ({"num_nodes": 9}, "num_nodes 9 is more than num_gpus 8: every node runs at least one GPU"),
     ({"global_batch_size": 0}, "global_batch_size must be a positive integer, got 0"),
     ({"global_batch_size": -128}, "global_batch_size must be a positive integer, got -128"),
     ({"micro_batch_size": 0}, "micro_batch_size must be a positive integer, got 0"),
