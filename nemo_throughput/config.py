@@ -147,6 +147,25 @@ def _checked_profile_steps(value: Any) -> tuple[int, int] | None:
     return (first, last)
 
 
+def check_profile_window(profile_steps: tuple[int, int] | None, warmup_steps: int, start_step: int,
+                         max_steps: int | None) -> None:
+    """A profile window must lie inside the measured part of this run: after the warm-up steps
+    (start_step + 1 .. start_step + warmup_steps, after a resumed checkpoint too) and at or before
+    the last step; else its breakdown would profile warm-up, or nothing at all, without a word."""
+    if profile_steps is None:
+        return
+    first, last = profile_steps
+    measured_from = start_step + warmup_steps + 1
+    if first < measured_from:
+        raise ValueError(f"profile_steps [{first}, {last}] starts inside the warm-up or before this run: it starts at "
+                         f"step {start_step + 1} with {warmup_steps} warm-up steps, so profile from step "
+                         f"{measured_from} on (callbacks.throughput.profile_steps=[{measured_from},"
+                         f"{measured_from + last - first}] with Hydra)")
+    if max_steps is not None and last > max_steps:
+        raise ValueError(f"profile_steps [{first}, {last}] ends after the run's last step {max_steps}: choose a "
+                         f"window inside steps {measured_from}-{max_steps}")
+
+
 def _checked_ranks(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from nemo_throughput import environment
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, Interval, RunStats, step_times
-from nemo_throughput.config import ThroughputConfig
+from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import device_name, identify, peak_tflops
@@ -129,9 +129,11 @@ class Measurement:
             self._mllog = MLPerfLog(self.output_dir, self.facts.run_id)
             self._mllog.run_start(self.facts.global_batch_size, self.time_to_target.started_wall_ms)
 
-    def train_start(self, steps_done: int, world_size: int) -> None:
+    def train_start(self, steps_done: int, world_size: int, max_steps: int | None = None) -> None:
+        """``max_steps``: the step training ends at (None: unknown or unlimited)."""
         if self.facts is None:
             return
+        check_profile_window(self.config.profile_steps, self.config.warmup_steps, steps_done, max_steps)
         self._last_step = steps_done
         self._in_flight, self._done = None, False
         self.stats = RunStats(world_size, self.config.warmup_steps, start_step=steps_done,

@@ -502,3 +502,14 @@ def test_a_global_batch_smaller_or_not_a_multiple_of_one_step_is_refused(tmp_pat
     with pytest.raises(ValueError, match=message):
         fit_demo(tmp_path, quiet_trainer_kwargs, steps=2, **settings)
 
+
+
+@pytest.mark.parametrize("window, message", [
+    ((2, 3), r"profile_steps \[2, 3\] starts inside the warm-up or before this run: it starts at step 1 with 2 "
+             r"warm-up steps, so profile from step 3 on"),
+    ((8, 20), r"profile_steps \[8, 20\] ends after the run's last step 12: choose a window inside steps 3-12"),
+])
+def test_a_profile_window_outside_the_measured_run_is_refused_before_training(tmp_path, quiet_trainer_kwargs, window,
+                                                                             message):
+    with pytest.raises(ValueError, match=message):
+        fit_demo(tmp_path, quiet_trainer_kwargs, steps=12, warmup_steps=2, profile_steps=window)

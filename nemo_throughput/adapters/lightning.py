@@ -89,7 +89,8 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         return False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self.measurement.train_start(trainer.global_step, trainer.world_size)
+        max_steps = trainer.max_steps if trainer.max_steps > 0 else None  # -1: epochs decide
+        self.measurement.train_start(trainer.global_step, trainer.world_size, max_steps)
 
     # ----------------------------------------------------------------------- hot path
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
