@@ -408,6 +408,40 @@ def test_results_dir_on_the_hosts_is_created_with_the_script(tmp_path):
     assert (tmp_path / "runs" / "2026").is_dir() and (tmp_path / "nemo-throughput.sbatch").is_file()
 
 
+@pytest.mark.parametrize("mounts, results_dir, log_dir", [
+    (["/lustre:/lustre"], "/lustre/runs", "/lustre/runs"),
+    (["/scratch/me/runs:/results"], "/results", "/scratch/me/runs"),
+    (["/data:/data:ro", "/scratch/me/runs:/results:rw"], "/results/llama/../gpt", "/scratch/me/runs/gpt"),
+    (["/lustre:/lustre", "/lustre/team-a/runs:/lustre/runs"], "/lustre/runs/x", "/lustre/team-a/runs/x"),
+    (["./runs:/results"], "/results/x", "runs/x"),  # relative to where the job starts, as for sbatch
+])
+def test_slurm_log_goes_to_the_results_dir_as_the_hosts_see_it(mounts, results_dir, log_dir):
+    """Slurm writes the job's log outside the container: a container path there would fail the job."""
+    job = SlurmJob(command=["python", "t.py"], image="nemo:1", mounts=mounts, results_dir=results_dir)
+    assert f"--output={log_dir}/slurm-%j.out" in job.sbatch_options()
+    assert job.settings()["RESULTS"] == results_dir  # the summaries are written in the container
+
+
+def test_slurm_results_dir_on_a_tmpfs_mount_is_refused():
+    with pytest.raises(LaunchError, match="--results-dir /results is under a tmpfs mount"):
+        SlurmJob(command=["python", "t.py"], image="nemo:1", mounts=["tmpfs:/results"], results_dir="/results")
+
+
+def test_slurm_with_a_container_creates_and_checks_the_hosts_side_of_results_dir(tmp_path):
+    (tmp_path / "a-file").write_text("not a directory\n")
+    result = cli("slurm", "--image", "nemo:1", "--mounts", f"{tmp_path}/host-runs:/results", "--results-dir",
+                 "/results/llama", "--", "python", "t.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "host-runs" / "llama").is_dir()
+    script = (tmp_path / "nemo-throughput.sbatch").read_text()
+    assert f"#SBATCH --output={tmp_path}/host-runs/llama/slurm-%j.out\n" in script
+    result = cli("slurm", "--image", "nemo:1", "--mounts", f"{tmp_path}/a-file:/results", "--results-dir", "/results",
+                 "--output", "other.sbatch", "--", "python", "t.py", cwd=tmp_path)
+    assert result.stderr == (f"nemo-throughput launch slurm: --results-dir {tmp_path}/a-file is a file, "
+                             "not a directory\n")
+    assert not (tmp_path / "other.sbatch").exists()
+
+
 # ----------------------------------------------------------------------------- the job body at scale (issue 18)
 SRUN_STAND_IN = """#!/bin/bash
 printf '%s\\0' "$MASTER_ADDR" "$NEMO_THROUGHPUT_REPEAT" "$@" >> "$SRUN_RECORD"

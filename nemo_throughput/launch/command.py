@@ -86,11 +86,10 @@ def launch_slurm(args: argparse.Namespace, command: list[str]) -> None:
         label=args.label, results_dir=results_dir,
     )
     path = check_output_file(args.output or Path(f"{job.job_name}.sbatch"), "--output")
-    if not args.image:  # on the hosts: created here, since Slurm does not create its --output's directory
-        check_output_dir(results_dir, "--results-dir")
+    # Slurm writes the job's log there, on the hosts (with --image: the mount's source), and does not create it
+    log_dir = check_output_dir(job.host_results_dir, "--results-dir")
     _write(path, render_sbatch(job), mode=0o755)
-    if not args.image:
-        Path(results_dir).mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
     print(f"wrote {path}")
     if args.submit:
         reply = submit("sbatch", path)

@@ -62,12 +62,23 @@ class SlurmJob:
                               "the hosts)")
         for mount in self.mounts:
             _check_mount(mount)
-        if self.image and not PurePosixPath(self.results_dir).is_absolute():
-            raise LaunchError("with --image the summaries are written inside the container: give an absolute "
-                              "--results-dir on a mounted file system")
-        if self.image and not self._mounted(self.results_dir):
-            raise LaunchError(f"--results-dir {self.results_dir} is not under any --mounts destination: the "
-                              "summaries would stay in the container; mount it (e.g. --mounts /lustre:/lustre)")
+        self._check_results_dir()
+
+    def _check_results_dir(self) -> None:
+        if self.image:
+            if not PurePosixPath(self.results_dir).is_absolute():
+                raise LaunchError("with --image the summaries are written inside the container: give an absolute "
+                                  "--results-dir on a mounted file system")
+            mount = self._mount_of(self.results_dir)
+            if mount is None:
+                raise LaunchError(f"--results-dir {self.results_dir} is not under any --mounts destination: the "
+                                  "summaries would stay in the container; mount it (e.g. --mounts /lustre:/lustre)")
+            if mount[0] in ("tmpfs", "umount"):
+                raise LaunchError(f"--results-dir {self.results_dir} is under a {mount[0]} mount: the summaries "
+                                  "would go with the container; mount a host directory there")
+        if "\\" in self.host_results_dir:  # Slurm: a '\' in --output turns off its %j replacement
+            raise LaunchError(f"--results-dir {self.host_results_dir!r} contains '\\', which Slurm's --output does "
+                              "not take literally: choose a directory without it")
 
     def _check_text_fields(self) -> None:
         """No field may hold a control character: a new line would end its #SBATCH line or shell word."""
@@ -77,9 +88,6 @@ class SlurmJob:
                             ("--results-dir", self.results_dir)):
             if value is not None:
                 require_no_control_characters(flag, value)
-        if "\\" in self.results_dir:  # Slurm: a '\' in --output turns off its %j replacement
-            raise LaunchError(f"--results-dir {self.results_dir!r} contains '\\', which Slurm's --output does not "
-                              "take literally: choose a directory without it")
 
     def _check_names(self) -> None:
         if not _NAME.fullmatch(self.job_name):
@@ -97,10 +105,22 @@ class SlurmJob:
                               "[USER@][REGISTRY#]IMAGE[:TAG] or the path of a squashfs file, without spaces or "
                               "shell characters")
 
-    def _mounted(self, path: str) -> bool:
+    def _mount_of(self, path: str) -> tuple[str, PurePosixPath] | None:
+        """(source, destination) of the innermost mount that holds `path` in the container, or None."""
         # normalised first: /lustre/../etc is not under /lustre
-        destinations = [PurePosixPath(posixpath.normpath(m.split(":")[1])) for m in self.mounts]
-        return any(PurePosixPath(posixpath.normpath(path)).is_relative_to(d) for d in destinations)
+        path = PurePosixPath(posixpath.normpath(path))
+        mounts = [(m.split(":")[0], PurePosixPath(posixpath.normpath(m.split(":")[1]))) for m in self.mounts]
+        holding = [(source, destination) for source, destination in mounts if path.is_relative_to(destination)]
+        return max(holding, key=lambda mount: len(mount[1].parts), default=None)
+
+    @property
+    def host_results_dir(self) -> str:
+        """--results-dir as the hosts see it: Slurm writes the job's log there, outside any container."""
+        if not self.image:
+            return self.results_dir
+        source, destination = self._mount_of(self.results_dir)
+        inside = PurePosixPath(posixpath.normpath(self.results_dir)).relative_to(destination)
+        return posixpath.normpath(posixpath.join(source, inside))
 
     def sbatch_options(self) -> list[str]:
         options = [
@@ -111,7 +131,7 @@ class SlurmJob:
             "--exclusive",
             "--mem=0",
             # '%' is Slurm's file name pattern character: %% keeps one from the directory literally
-            f"--output={_directive_value(self.results_dir.replace('%', '%%') + '/slurm-%j.out')}",
+            f"--output={_directive_value(self.host_results_dir.replace('%', '%%') + '/slurm-%j.out')}",
         ]
         options += [f"--{name}={value}" for name, value in
                     (("time", self.time), ("partition", self.partition), ("account", self.account)) if value]
