@@ -99,8 +99,9 @@ def llama_like_config(tensor_parallel=1, mixed_precision="bf16_mixed", steps=10,
                            mixed_precision=mixed_precision)
 
 
-def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0):
-    """Bridge's train loop's callback points (train.py) around a real tiny model and optimizer."""
+def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0, losses_on_this_rank=True):
+    """Bridge's train loop's callback points (train.py) around a real tiny model and optimizer;
+    ``losses_on_this_rank`` False: an empty loss_dict, as on a pipeline stage before the last."""
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     manager = CallbackManager()
@@ -121,8 +122,8 @@ def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0):
         if not skip:
             optimizer.step()
         optimizer.zero_grad()
-        manager.fire("on_train_step_end", context(loss_dict={"lm loss": loss.detach()}, grad_norm=1.0,
-                                                  skipped_iter=skip))
+        losses = {"lm loss": loss.detach()} if losses_on_this_rank else {}
+        manager.fire("on_train_step_end", context(loss_dict=losses, grad_norm=1.0, skipped_iter=skip))
         state.train_state.step += 1
         if state.train_state.step in eval_at:
             manager.fire("on_eval_start", context())
@@ -238,6 +239,50 @@ def test_a_target_reads_bridge_losses(tmp_path):
     run_bridge_loop(llama_like_config(steps=4), callback, eval_at=(3,))
     section = json.loads(open(callback.summary_path).read())["time_to_target"]
     assert section["status"] == "target_reached" and section["step"] == 2  # the first log step's loss_dict
+
+
+def test_a_target_with_stop_ends_bridge_training_there_as_a_normal_end(tmp_path):
+    callback = ThroughputCallback(output_dir=str(tmp_path / "stop"), log_every_n_steps=2, warmup_steps=1,
+                                  target={"metric": "lm loss", "value": 1e9, "mode": "min", "stop": True})
+    cfg = llama_like_config(steps=10)
+    run_bridge_loop(cfg, callback)
+    summary = json.loads(open(callback.summary_path).read())
+    assert summary["status"] == "completed" and summary["timing"]["last_step"] == 2  # not 10
+    assert summary["time_to_target"]["status"] == "target_reached" and summary["time_to_target"]["step"] == 2
+    assert cfg.train.train_iters == 2
+
+
+def _stop_worker(rank, port, output_dir, results):
+    """Only the last pipeline stage has the loss (rank 1 here): the other rank must stop with it."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    callback = ThroughputCallback(output_dir=output_dir, log_every_n_steps=2, warmup_steps=1,
+                                  target={"metric": "lm loss", "value": 1e9, "mode": "min", "stop": True})
+    cfg = llama_like_config(steps=10)
+    cfg.model.pipeline_model_parallel_size = 2
+    run_bridge_loop(cfg, callback, eval_at=(99,), losses_on_this_rank=rank == 1)
+    results[rank] = (cfg.train.train_iters, callback.summary_path)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_stop_seen_on_one_rank_stops_every_rank_in_a_real_gloo_group(tmp_path):
+    results = mp.Manager().dict()
+    mp.start_processes(_stop_worker, args=(free_port(), str(tmp_path / "out"), results), nprocs=2,
+                       start_method="spawn", join=True)
+    assert results[0][0] == results[1][0] == 2
+    summary = json.loads(open(results[0][1]).read())
+    assert summary["status"] == "completed" and summary["timing"]["last_step"] == 2
+
+
+def test_importing_the_adapter_needs_nothing_of_bridge():
+    """`import megatron.bridge` pulls in transformers, diffusers, ... (missing here): the adapter must not."""
+    import subprocess
+
+    code = ("import sys; from nemo_throughput.adapters.megatron_bridge import ThroughputCallback; "
+            "ThroughputCallback(); print(sorted(m for m in sys.modules if m.startswith('megatron.bridge')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
 
 
 def test_the_adapters_stand_on_the_core_alone():

@@ -1,7 +1,7 @@
 """The Megatron-Bridge callback: Bridge's training events -> :class:`~nemo_throughput.measurement.Measurement`.
 
 Megatron-Bridge (NeMo Framework's LLM training since nemo_toolkit 3.0) runs its own loop, not
-Lightning's; this adapter is a Bridge ``Callback``::
+Lightning's; this adapter is a Bridge callback::
 
     from nemo_throughput.adapters.megatron_bridge import ThroughputCallback
     pretrain(cfg, forward_step, callbacks=[ThroughputCallback()])
@@ -16,6 +16,10 @@ Bridge has no event inside a step: a step is timed from the end of the previous 
 ``on_train_step_start``; forward/backward/optimizer phases stay null. An iteration Bridge skipped
 (``skipped_iter``: no optimizer update) is timed and exchanged like any step but left out of the
 statistics, counted in the summary's ``timing.skipped_steps`` and marked in steps.jsonl.
+
+Nothing of Bridge is imported: Bridge's ``CallbackManager.add`` registers any object's methods
+named after its events, so importing this module needs neither Bridge nor its heavy dependencies
+(transformers, diffusers, ...), which ``import megatron.bridge`` pulls in.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.bridge.training.callbacks import Callback, CallbackContext
 
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED
@@ -47,15 +50,18 @@ __all__ = ["ThroughputCallback", "describe_bridge_run"]
 log = logging.getLogger(__name__)
 
 CONFIG_SOURCE = "megatron-bridge ConfigContainer"
+CallbackContext = Any  # megatron.bridge.training.callbacks.CallbackContext (state, loss_dict, ...)
 
 
-class ThroughputCallback(MeasurementView, Callback):
+class ThroughputCallback(MeasurementView):
     """Times every Megatron-Bridge training step and reports tokens/s, MFU and stragglers across ranks.
 
     Keyword arguments are the fields of :class:`~nemo_throughput.config.ThroughputConfig`. A
     ``target`` reads its metric from the step's ``loss_dict`` (log steps) and the evaluation's
-    ``total_loss_dict`` (e.g. ``"lm loss"``); ``stop: true`` is not available (Bridge lets no
-    callback stop training: use ``train.train_iters``).
+    ``total_loss_dict`` (e.g. ``"lm loss"``). With ``stop: true``, training ends once any rank saw
+    the target reached: ``cfg.train.train_iters`` is lowered to the steps done, the end condition
+    Bridge's loop checks before every step, so the run ends as a normal one (final checkpoint,
+    ``on_train_end``).
     """
 
     def __init__(self, **settings: Any) -> None:
@@ -71,7 +77,8 @@ class ThroughputCallback(MeasurementView, Callback):
     def on_train_start(self, context: CallbackContext) -> None:
         if not self.measurement.is_set_up:
             self._set_up(context.state.cfg)
-        self.measurement.train_start(context.state.train_state.step, _world_size())
+        self.measurement.train_start(context.state.train_state.step, _world_size(),
+                                     max_steps=getattr(context.state.cfg.train, "train_iters", None))
         # Bridge's own SIGTERM handler (train.exit_signal_handler) is installed by now.
         self.measurement.watch_sigterm()
 
@@ -80,10 +87,13 @@ class ThroughputCallback(MeasurementView, Callback):
 
     def on_train_step_end(self, context: CallbackContext) -> None:
         step = context.state.train_state.step + 1  # Bridge counts the step after this event
-        self.measurement.step_end(step, lambda: _losses(context.loss_dict), skipped=bool(context.skipped_iter))
+        vote = self.measurement.step_end(step, lambda: _losses(context.loss_dict), skipped=bool(context.skipped_iter))
+        _stop_if_any_rank_votes(context.state.cfg.train, vote, step)
 
     def on_eval_end(self, context: CallbackContext) -> None:
-        self.measurement.validation_end(context.state.train_state.step, lambda: _losses(context.total_loss_dict))
+        steps_done = context.state.train_state.step
+        vote = self.measurement.validation_end(steps_done, lambda: _losses(context.total_loss_dict))
+        _stop_if_any_rank_votes(context.state.cfg.train, vote, steps_done)
 
     def on_train_end(self, context: CallbackContext) -> None:
         self.measurement.train_end(context.state.train_state.step)
@@ -164,6 +174,22 @@ def _dataset_seq_length(cfg: Any) -> int | None:
 def _losses(loss_dict: Mapping[str, Any] | None) -> dict[str, float]:
     """Bridge's reduced losses as floats (read only on log steps with a target)."""
     return {name: float(value) for name, value in (loss_dict or {}).items()}
+
+
+def _stop_if_any_rank_votes(train: Any, vote: bool | None, steps_done: int) -> None:
+    """A target with ``stop: true`` was checked (on every rank at the same point, so the reduction
+    pairs): end training after ``steps_done`` steps when any rank saw it reached (the loss lives on
+    the last pipeline stage only). Bridge's loop runs while ``train_state.step < train.train_iters``."""
+    if vote is None:
+        return
+    if dist.is_available() and dist.is_initialized():
+        decision = torch.tensor([int(vote)], device=_device())
+        dist.all_reduce(decision, op=dist.ReduceOp.MAX)
+        vote = bool(decision.item())
+    if vote and steps_done < train.train_iters:
+        log.info("nemo-throughput: target reached: Megatron-Bridge training stops after step %d (train.train_iters "
+                 "%d lowered to %d)", steps_done, train.train_iters, steps_done)
+        train.train_iters = steps_done
 
 
 def _world_size() -> int:
