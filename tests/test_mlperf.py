@@ -5,6 +5,7 @@ parser and result_summarizer."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -247,10 +248,17 @@ def test_without_a_ruleset_the_round_checked_against_is_said_to_be_a_guess(tmp_p
     assert summaries(tmp_path / "given")["result_0"]["time_to_train"]["ruleset_given"] is True
 
 
-def summarizer_rows(submitter: Path, ruleset: str) -> list[dict]:
+def summarizer_rows(submitter: Path, ruleset: str, workdir: Path) -> list[dict]:
     """result_summarizer's strong-scaling table of a submitter folder, one row per system, as the
-    `python -m mlperf_logging.result_summarizer FOLDER training RULESET` command prints it."""
-    table, *_ = result_summarizer.summarize_results(str(submitter), "training", ruleset)
+    `python -m mlperf_logging.result_summarizer FOLDER training RULESET` command prints it (it
+    writes a summary.json into the working directory: `workdir`, not the checkout)."""
+    cwd = os.getcwd()
+    workdir.mkdir()
+    os.chdir(workdir)
+    try:
+        table, *_ = result_summarizer.summarize_results(str(submitter.resolve()), "training", ruleset)
+    finally:
+        os.chdir(cwd)
     return table.to_dict("records")
 
 
@@ -265,7 +273,7 @@ def test_a_whole_submission_imports_with_the_counts_of_its_systems_files(capsys,
             for g in groups}
     benchmarks = {folder.name for folder in submitter.glob("results/*/*")}
     theirs = {(benchmark, int(row["number_of_nodes"]), row["accelerators_count"], row["system"]): row[benchmark]
-              for row in summarizer_rows(submitter, RULESET_V5) for benchmark in benchmarks
+              for row in summarizer_rows(submitter, RULESET_V5, tmp_path / "summarizer") for benchmark in benchmarks
               if row[benchmark] == row[benchmark]}  # NaN: the system did not submit the benchmark
     assert {key: str(score) for key, score in ours.items()} == {key: str(score) for key, score in theirs.items()}
     for summary in imported.values():  # every count from systems/<system>.json, and said so
