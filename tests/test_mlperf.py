@@ -429,3 +429,14 @@ def test_file_names_in_messages_are_printable(capsys, tmp_path):
     (hostile / "scaling.json").write_text("{}")
     code, err = run_import(capsys, hostile, out=tmp_path / "out")
     assert code == 2 and "not a scaling.json" in err and "\x1b" not in err and len(err.splitlines()) == 1
+
+
+def test_runs_of_one_label_on_different_node_counts_are_never_one_group(capsys, tmp_path):
+    """16 GPUs as 2 nodes of 8 and as 4 nodes of 4 are two systems, even under one label."""
+    for gpus_per_node in (8, 4):
+        code, err = run_import(capsys, ASUS, out=tmp_path / f"per-node-{gpus_per_node}",
+                               extra=("--num-gpus", 16, "--gpus-per-node", gpus_per_node, "--label", "same"))
+        assert code == 0, err
+    groups = report_json(capsys, tmp_path)["time_to_train"]
+    assert sorted((g["num_nodes"], g["num_gpus"], g["time_to_train_minutes"]["runs"]) for g in groups) == [
+        (2, 16, 10), (4, 16, 10)]

@@ -659,7 +659,7 @@ UNET3D_DROPPED = 4  # result_summarizer drops 4 from each end for unet3d (40 run
 
 @dataclass
 class TrainGroup:
-    """The repeats of one benchmark on one system (label) and accelerator count."""
+    """The repeats of one benchmark on one system (label), node count and accelerator count."""
 
     benchmark: str
     label: str
@@ -685,10 +685,11 @@ def olympic_average(minutes: list[float], dropped: int, max_dropped: int) -> flo
 
 
 def build_time_to_train(runs: list[Any]) -> list[TrainGroup]:
-    """TrainingRuns (report.runs) grouped by benchmark, label and accelerator count, scored."""
-    by_key: dict[tuple[str, str, int], list[Any]] = {}
+    """TrainingRuns (report.runs) grouped by benchmark, label, node and accelerator count, scored:
+    2 nodes of 8 and 4 nodes of 4 are different systems, never one set of repeats."""
+    by_key: dict[tuple[str, str, int, int], list[Any]] = {}
     for run in runs:
-        by_key.setdefault((run.benchmark, run.label, run.num_gpus), []).append(run)
+        by_key.setdefault((run.benchmark, run.label, run.num_nodes, run.num_gpus), []).append(run)
     groups = [_train_group(members) for _, members in sorted(by_key.items())]
     _add_speedup(groups)
     return groups
