@@ -341,6 +341,9 @@ def test_slurm_hostile_but_valid_values_stay_data(tmp_path):
     (["slurm", "--partitoin=batch", "python", "t.py"], "unrecognized option '--partitoin=batch'"),
     (["k8s", "--image", "nemo:1", "--namespace", "Team_A", "--", "python", "t.py"], "--namespace 'Team_A'"),
     (["k8s", "--image", "nemo:1", "--job-name", "demo\n", "--", "python", "t.py"], "--job-name 'demo\\n'"),
+    # issue 18: without `--`, argparse took the command's `--nodes 4` as the launcher's own
+    (["slurm", "python", "t.py", "--nodes", "4"], "put the training command after `--` (`-- python t.py ...`)"),
+    (["k8s", "python", "t.py", "--image", "nemo:1"], "put the training command after `--`"),
     # issue 18: a command that starts with an option would become srun's or torchrun's own
     (["slurm", "--", "--nodes=3", "python", "t.py"], "the training command starts with '--nodes=3', an option"),
     (["k8s", "--image", "nemo:1", "--", "-m", "train"], "the training command starts with '-m', an option"),

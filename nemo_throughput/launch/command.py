@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -65,6 +66,7 @@ def _job_arguments(parser: argparse.ArgumentParser, suffix: str) -> None:
 
 def run_launch(args: argparse.Namespace, command: list[str]) -> int:
     try:
+        _require_separator(command)
         if args.target == "slurm":
             launch_slurm(args, command)
         else:
@@ -73,6 +75,14 @@ def run_launch(args: argparse.Namespace, command: list[str]) -> int:
         print(f"nemo-throughput launch {args.target}: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _require_separator(command: list[str]) -> None:
+    """Without `--` argparse reads the training command's options as the launcher's wherever they
+    stand (`python t.py --nodes 4` would run t.py on 4 nodes, without `--nodes 4`)."""
+    if command and "--" not in command and not command[0].startswith("-"):
+        raise LaunchError(f"put the training command after `--` (`-- {shlex.join(command)} ...`): without it, "
+                          "its options are read as the launcher's")
 
 
 def launch_slurm(args: argparse.Namespace, command: list[str]) -> None:
