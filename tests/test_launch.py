@@ -397,6 +397,18 @@ def test_output_paths_are_checked_before_anything_is_written(target, option, mes
     assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "summary.json").read_text() == SUMMARY_TEXT
 
 
+@pytest.mark.parametrize("target, template", [("slurm", "slurm/benchmark.sbatch"),
+                                              ("k8s", "kubernetes/pytorchjob.yaml")])
+def test_output_over_the_template_it_reads_is_refused(target, template, tmp_path):
+    from nemo_throughput.launch import TEMPLATES
+
+    before = (TEMPLATES / template).read_text()
+    extra = ["--image", "nemo:1"] if target == "k8s" else []
+    result = cli(target, *extra, "--output", TEMPLATES / template, "--", "python", "t.py", cwd=tmp_path)
+    assert result.returncode == 2 and "is one of the files this command reads; write elsewhere" in result.stderr
+    assert (TEMPLATES / template).read_text() == before
+
+
 def test_an_output_that_cannot_be_written_is_one_line(tmp_path):
     """What no check beforehand sees (a full disk: /dev/full) still ends in one line, not a traceback."""
     result = cli("k8s", "--image", "nemo:1", "--output", "/dev/full", "--", "python", "t.py", cwd=tmp_path)

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from nemo_throughput.launch import LaunchError, submit
+from nemo_throughput.launch import LaunchError, kubernetes, slurm, submit
 from nemo_throughput.launch.kubernetes import KubernetesJob, manifest_yaml, render_manifest, validate_manifest
 from nemo_throughput.launch.slurm import SlurmJob, render_sbatch
 from nemo_throughput.outputs import OutputPathError, check_output_dir, check_output_file
@@ -95,7 +95,7 @@ def launch_slurm(args: argparse.Namespace, command: list[str]) -> None:
         account=args.account, time=args.time, job_name=args.job_name or "nemo-throughput", repeat=args.repeat,
         label=args.label, results_dir=results_dir,
     )
-    path = check_output_file(args.output or Path(f"{job.job_name}.sbatch"), "--output")
+    path = check_output_file(args.output or Path(f"{job.job_name}.sbatch"), "--output", reads=[slurm.TEMPLATE])
     # Slurm writes the job's log there, on the hosts (with --image: the mount's source), and does not create it
     log_dir = check_output_dir(job.host_results_dir, "--results-dir")
     _write(path, render_sbatch(job), mode=0o755)
@@ -119,7 +119,7 @@ def launch_kubernetes(args: argparse.Namespace, command: list[str]) -> None:
         # a PyTorchJob name is unique in its namespace and keys the results: one per launch
         job_name=args.job_name or f"nemo-throughput-{dt.datetime.now():%m%d-%H%M%S}",
     )
-    path = check_output_file(args.output or Path(f"{job.job_name}.yaml"), "--output")
+    path = check_output_file(args.output or Path(f"{job.job_name}.yaml"), "--output", reads=[kubernetes.TEMPLATE])
     manifest = render_manifest(job)
     try:
         validate_manifest(manifest)
