@@ -5,6 +5,8 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -610,3 +612,131 @@ def test_import_needs_the_facts_the_log_lacks(tmp_path, capsys):
     code = main(["import", str(log), "--label", "x", "--model", "gpt5", "--seq-length", "8", "--num-gpus", "8",
                  "--global-batch-size", "8", "--output-dir", str(tmp_path / "imported")])
     assert code == 2 and "Unknown model preset 'gpt5'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ AMD Primus (Megatron on ROCm)
+def test_real_primus_line_reads_this_interval_not_the_running_average(tmp_path, capsys):
+    # AMD-AGI/Primus-SaFE: `elapsed time per iteration (ms): 2701.3/2712.7` on rank 31 of 32, 4096 tokens
+    log = DATA / "primus_safe_rank31of32.log"
+    code, _, err = run_import(capsys, log, "--seq-length", "4096", "--num-gpus", "32", "--window", "last",
+                              out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, "primus_safe_rank31of32")
+    assert summary["timing"]["steps"] == [[12125, pytest.approx(2.7013)]]  # not the average 2712.7 ms
+    assert summary["batch"]["global_batch_size"] == 256
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(4096 * 256 / 2.7013)
+    # the log's own 12130.4 tokens/s/GPU is ours per GPU, up to its rounding
+    assert summary["throughput"]["tokens_per_s"] / 32 == pytest.approx(12130.4, abs=0.1)
+    assert (f"nemo-throughput import: {log}: the log's own tokens/s per GPU agree with --seq-length 4096 and "
+            "--num-gpus 32 (1 line(s) checked)") in err.splitlines()
+
+
+def test_real_primus_tokens_per_gpu_that_disagree_with_the_given_facts_are_refused(tmp_path, capsys):
+    log = DATA / "primus_safe_rank63of64.log"  # 64 GPUs, 4096 tokens, 246.7 tokens/s/GPU
+    code, _, err = run_import(capsys, log, "--seq-length", "4096", "--num-gpus", "32", "--window", "last",
+                              out=tmp_path)
+    assert code == 2
+    line = error_line(err, log.name)
+    assert "the log states 246.7 tokens/s per GPU at iteration 424" in line and "--num-gpus 32 is 493.5" in line
+    assert not (tmp_path / "primus_safe_rank63of64").exists()
+    code, _, err = run_import(capsys, log, "--seq-length", "4096", "--num-gpus", "64", "--window", "last",
+                              out=tmp_path)
+    assert code == 0, err
+
+
+def test_real_primus_log_with_colours_and_both_line_variants(tmp_path, capsys):
+    # ROCm/cvs: iteration 2 in the single-value form, iteration 4 as `654.5/735.1` with
+    # `tokens/s/GPU inst/harmonic mean:` after Primus' coloured logger prefix
+    log = DATA / "primus_rocm_cvs_ansi.log"
+    code, _, err = run_import(capsys, log, "--seq-length", "8192", "--num-gpus", "8", "--warmup", "0", out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, "primus_rocm_cvs_ansi")
+    assert summary["timing"]["steps"] == [[2, pytest.approx(8.1467)], [4, pytest.approx(0.6545)]]
+    assert "(1 line(s) checked)" in err
+
+
+# ------------------------------------------------------------------ cut and odd inputs
+def test_a_last_line_cut_while_being_written_is_not_read_as_a_step(tmp_path, capsys):
+    text = (DATA / "megatron_lm_mixtral_issue756.log").read_bytes()
+    cut = tmp_path / "running.log"
+    cut.write_bytes(text[:text.rindex(b"5829.9") + 2])  # iteration 73's `5829.9` written as far as `58`
+    code, _, err = run_import(capsys, cut, "--warmup", "0", out=tmp_path / "out")
+    assert code == 0, err
+    assert steps_of(summary_of(tmp_path / "out", "running")) == [43, 44, 45, 71, 72]
+    assert f"nemo-throughput import: {cut}: warning: line 6, the last, is a step line without its end" in err
+    whole = tmp_path / "whole.log"
+    whole.write_bytes(text.rstrip(b"\n"))  # complete up to its last `|`, only the line break missing
+    code, _, err = run_import(capsys, whole, "--warmup", "0", out=tmp_path / "out")
+    assert code == 0 and steps_of(summary_of(tmp_path / "out", "whole"))[-1] == 73 and "line 6" not in err
+
+
+def test_process_substitution_is_read_once(tmp_path):
+    log = DATA / "megatron_lm_mixtral_issue756.log"
+    command = (f"{Path(sys.executable).parent / 'nemo-throughput'} import <(cat {log}) --label bare-metal "
+               f"--model gpt3-126m --seq-length 2048 --num-gpus 16 --warmup 0 --output-dir {tmp_path}")
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (summary,) = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
+    assert steps_of(summary) == [43, 44, 45, 71, 72, 73]
+
+
+def test_a_window_narrower_than_the_log_interval_says_what_it_measures(tmp_path, capsys):
+    log = DATA / "primus_rocm_cvs_ansi.log"  # iterations 2 and 4: each time is the mean of 2 iterations
+    common = ("--seq-length", "8192", "--num-gpus", "8")
+    code, _, err = run_import(capsys, log, *common, "--window", "4:5", out=tmp_path)
+    assert code == 0, err
+    assert (f"nemo-throughput import: {log}: warning: --window 4:5 spans 1 step(s), fewer than the log interval of "
+            "2: each printed time is the mean of the 2 iterations up to it, so this measures iterations 3-4") in err
+    code, _, err = run_import(capsys, log, *common, "--window", "-1:", out=tmp_path)
+    assert code == 0 and "--window -1: counts printed values, each the mean of 2 iterations" in err
+    code, _, err = run_import(capsys, log, *common, "--window", "1:5", out=tmp_path)
+    assert code == 0 and "--window" not in err
+
+
+# ------------------------------------------------------------------ --output-dir
+@pytest.mark.parametrize("where, message", [
+    ("file", "is a file, not a directory"),
+    ("file/under", "is a file, not a directory"),
+])
+def test_output_dir_is_checked_before_any_work(tmp_path, capsys, where, message):
+    (tmp_path / "file").write_text("not a directory\n")
+    missing = tmp_path / "no-such.log"  # would fail the import: the output dir is refused first
+    code, _, err = run_import(capsys, missing, out=tmp_path / where)
+    assert code == 2 and message in err and "no-such.log" not in err
+
+
+def test_reimporting_the_same_input_replaces_its_summary_and_another_input_never(tmp_path, capsys):
+    first, second = tmp_path / "a" / "job.log", tmp_path / "b" / "job.log"  # same name, other runs
+    for path, source in ((first, "megatron_lm_mixtral_issue756.log"), (second, "megatron_llm_epfl_issue11.log")):
+        path.parent.mkdir()
+        path.write_bytes((DATA / source).read_bytes())
+    out = tmp_path / "imported"
+    assert run_import(capsys, first, "--warmup", "0", out=out)[0] == 0
+    assert summary_of(out, "job")["environment"]["imported_from"] == str(first)
+    code, _, err = run_import(capsys, first, "--warmup", "1", out=out)  # the same input again: replaced
+    assert code == 0, err
+    assert steps_of(summary_of(out, "job")) == [43, 44, 45, 71, 72, 73]
+    code, _, err = run_import(capsys, second, "--warmup", "0", out=out)
+    assert code == 2 and f"is the summary imported from {first}, another input: not replaced" in err
+    assert summary_of(out, "job")["environment"]["imported_from"] == str(first)
+
+
+def test_a_summary_path_that_is_one_of_the_inputs_is_refused(tmp_path, capsys):
+    log = tmp_path / "summary" / "summary.json"  # named like the summary it would be imported to
+    log.parent.mkdir()
+    log.write_bytes((DATA / "megatron_lm_mixtral_issue756.log").read_bytes())
+    code, _, err = run_import(capsys, log, "--warmup", "0", out=tmp_path)
+    assert code == 2 and "is one of the files this command reads" in err
+    assert log.read_bytes() == (DATA / "megatron_lm_mixtral_issue756.log").read_bytes()
+
+
+def test_mlperf_results_of_two_systems_never_replace_each_other_across_calls(tmp_path, capsys):
+    mlperf = Path(__file__).parent / "data" / "mlperf" / "NVIDIA"
+    eos_64, eos_8 = (mlperf / system / "llama2_70b_lora" / "result_0.txt"
+                     for system in ("eos_ngc24.04_nemo", "eos_n8_ngc24.04_nemo"))
+    out = tmp_path / "imported"
+    assert main(["import", "--format", "mlperf", str(eos_64), "--output-dir", str(out)]) == 0
+    assert main(["import", "--format", "mlperf", str(eos_64), "--output-dir", str(out)]) == 0  # again: replaced
+    assert main(["import", "--format", "mlperf", str(eos_8), "--output-dir", str(out)]) == 2
+    assert f"imported from {eos_64}, another input: not replaced" in capsys.readouterr().err
+    assert summary_of(out, "result_0")["environment"]["imported_from"] == str(eos_64)

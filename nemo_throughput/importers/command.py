@@ -13,10 +13,12 @@ from pathlib import Path
 
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
-from nemo_throughput.importers import mlperf
+from nemo_throughput.importers import mlperf, notice
 from nemo_throughput.importers.logs import FORMATS, Imported, import_run
+from nemo_throughput.outputs import check_output_dir, check_output_file
 from nemo_throughput.presets import PRESETS, preset
 from nemo_throughput.report.runs import ReportError, Window
+from nemo_throughput.report.safe_text import printable
 from nemo_throughput.summary import write_json_atomic
 
 
@@ -26,7 +28,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                        "of runs without the plugin",
         description="Writes <output-dir>/<name>/summary.json per input, from the step times the log holds and "
                     "the facts it lacks, given here. <name> is the input's file name, with as many parent "
-                    "directories as it takes to tell the inputs apart.")
+                    "directories as it takes to tell the inputs apart. Importing the same input again replaces "
+                    "its summary; a summary of another input or run is never replaced.")
     imports.set_defaults(handler=run_import)
     imports.add_argument("logs", nargs="+", type=Path, help="log files, event files or directories of them")
     imports.add_argument("--format", choices=("auto", *FORMATS), default="auto")
@@ -66,7 +69,11 @@ def run_import(args: argparse.Namespace) -> int:
     is_mlperf = args.format == mlperf.NAME
     progress = {"at": "arguments"}  # the input or output being handled, for the error message
     try:
+        check_output_dir(args.output_dir, "--output-dir")
         written = _import_mlperf(args, progress) if is_mlperf else _import_logs(args, progress)
+        reads = [Path(summary["environment"]["imported_from"]) for _, summary, _ in written]
+        for path, summary, _ in written:
+            check_summary_target(path, Path(summary["environment"]["imported_from"]), reads)
         for path, summary, say in written:
             progress["at"] = str(path)
             write_json_atomic(path, summary)
@@ -94,8 +101,11 @@ def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
     spec, model_name = _model(args)
     _check_arguments(args)
     window = Window.parse(args.window) if args.window else None
+    names = output_names(args.logs)
+    for log, name in zip(args.logs, names, strict=True):  # before any work; again before writing
+        check_summary_target(_summary_path(args.output_dir, name), log, args.logs)
     written: Written = []
-    for log, name in zip(args.logs, output_names(args.logs), strict=True):
+    for log, name in zip(args.logs, names, strict=True):
         progress["at"] = str(log)
         imported = import_run(
             log, fmt=None if args.format == "auto" else args.format, global_batch_size=args.global_batch_size,
@@ -105,7 +115,7 @@ def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
             peak=args.peak_tflops, flops_formula=args.flops_formula, flops_per_sample=args.flops_per_sample,
             orchestrator=args.orchestrator)
         written.append((_summary_path(args.output_dir, name), imported.summary,
-                        functools.partial(_report, imported=imported)))
+                        functools.partial(_report, imported=imported, source=log)))
     return written
 
 
@@ -156,7 +166,7 @@ def _tail(path: Path, depth: int) -> str:
 
 def _safe_name(text: str) -> str:
     """Letters, digits, '.', '_' and '-' only, never starting with a dot: it stays one directory level."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-") or "run"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-").rstrip("-") or "run"
 
 
 def _summary_path(output_dir: Path, name: str) -> Path:
@@ -168,9 +178,33 @@ def _summary_path(output_dir: Path, name: str) -> Path:
     return output_dir / name / "summary.json"
 
 
-def _report(path: Path, imported: Imported) -> None:
+def check_summary_target(path: Path, source: Path, reads: list[Path]) -> None:
+    """`path` may receive the summary imported from `source`: it is new, or the summary of an earlier
+    import of the same input (replaced), never another input's or run's summary nor an input."""
+    if path.is_file() and _imported_from(path) == source.resolve():
+        return
+    earlier = _imported_from(path)
+    if earlier is not None:
+        raise ReportError(f"{printable(path)} is the summary imported from {printable(earlier)}, another input: "
+                          "not replaced (give another --output-dir, or remove it first)")
+    if path.parent.is_dir():
+        check_output_file(path, "--output-dir", reads=reads)
+    else:
+        check_output_dir(path.parent, "--output-dir")
+
+
+def _imported_from(path: Path) -> Path | None:
+    """The input an existing imported summary was made from (resolved); None: not such a summary."""
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["environment"]["imported_from"]
+        return Path(recorded).resolve() if isinstance(recorded, str) and recorded else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _report(path: Path, imported: Imported, source: Path) -> None:
     for note in imported.notes:
-        print(f"nemo-throughput import: {path.parent.name}: {note}", file=sys.stderr)
+        print(notice(source, note), file=sys.stderr)
     summary = imported.summary
     timing = summary["timing"]
     print(f"{path}: {timing['steps_measured']} steps ({timing['window']}), {timing['step_time_s']['mean']:.4g} "

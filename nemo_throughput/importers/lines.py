@@ -13,9 +13,14 @@ format readers then never see a prefix and the importer can read one rank at a t
 from __future__ import annotations
 
 import re
+import shutil
+import stat
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from nemo_throughput.report.runs import ReportError
 
@@ -39,6 +44,7 @@ class Line:
     rank: str | None  # "3" (srun or torchrun), "0/3" (srun task or TorchX replica 0, local rank 3), "pid 42"
     text: str  # with the prefixes removed
     redraw: bool  # came after a carriage return: a progress bar drawn again on the same line
+    cut: bool = False  # the file's last piece, without a line break: maybe cut while being written
 
 
 def check_text(path: Path) -> None:
@@ -62,7 +68,7 @@ def read_lines(path: Path) -> Iterator[Line]:
             own_rank, text = strip_prefixes(text)
             if not after_return or own_rank is not None:
                 rank = own_rank
-            yield Line(number, rank, text, after_return)
+            yield Line(number, rank, text, after_return, cut=not separator)
         after_return = separator == b"\r"
         if separator == b"\n":
             number, rank = number + 1, None
@@ -95,7 +101,7 @@ def _pieces(path: Path) -> Iterator[tuple[bytes, bytes]]:
     pending = b""
     skipping = False  # inside an over-long piece: drop bytes up to the next separator
     try:
-        with path.open("rb") as f:
+        with open_input(path) as f:
             while chunk := f.read(CHUNK_BYTES):
                 pending += chunk
                 parts = re.split(rb"([\r\n])", pending)
@@ -113,7 +119,49 @@ def _pieces(path: Path) -> Iterator[tuple[bytes, bytes]]:
 
 def _read_head(path: Path) -> bytes:
     try:
-        with path.open("rb") as f:
+        with open_input(path) as f:
             return f.read(SNIFF_BYTES)
     except OSError as error:
         raise ReportError(f"{path}: cannot read it ({error.strerror or error})") from error
+
+
+_COPIES: dict[Path, Path] = {}  # an input that can be read only once -> the file its one reading went to
+
+
+@contextmanager
+def read_once(path: Path) -> Iterator[None]:
+    """Within it, `path` can be read many times even when it is a named pipe or `<(command)`: such an
+    input is read once, into a temporary file that `open_input` and `input_size` then use."""
+    if not _is_stream(path):
+        yield
+        return
+    with tempfile.NamedTemporaryFile(prefix="nemo-throughput-import-") as copy:
+        try:
+            with path.open("rb") as stream:
+                shutil.copyfileobj(stream, copy, CHUNK_BYTES)
+        except OSError as error:
+            raise ReportError(f"{path}: cannot read it ({error.strerror or error})") from error
+        copy.flush()
+        _COPIES[path] = Path(copy.name)
+        try:
+            yield
+        finally:
+            del _COPIES[path]
+
+
+def open_input(path: Path) -> BinaryIO:
+    """The input's bytes from the start: its copy where `read_once` made one."""
+    return _COPIES.get(path, path).open("rb")
+
+
+def input_size(path: Path) -> int:
+    return _COPIES.get(path, path).stat().st_size
+
+
+def _is_stream(path: Path) -> bool:
+    """A FIFO or character device (`<(command)` is one): what is read from it is gone."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # the reader says what is wrong with it
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)

@@ -14,23 +14,26 @@ sample at its step. Step times that are not positive finite numbers are left out
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import environment
-from nemo_throughput.aggregation import RunStats, steps_tensor
 from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import identify, peak_tflops
 from nemo_throughput.importers import megatron, nemo, tensorboard
-from nemo_throughput.importers.lines import check_text, read_lines
+from nemo_throughput.importers.lines import check_text, read_lines, read_once
 from nemo_throughput.importers.steps import Step, StepLog
 from nemo_throughput.report.runs import ReportError, Window
 from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
 from nemo_throughput.timing import StepTimes
+
+if TYPE_CHECKING:
+    from nemo_throughput.aggregation import RunStats
 
 TEXT_FORMATS: dict[str, ModuleType] = {nemo.NAME: nemo, megatron.NAME: megatron}
 FORMATS = (*TEXT_FORMATS, tensorboard.NAME, "mlperf")  # mlperf: importers.mlperf, its own command path
@@ -47,6 +50,7 @@ class ReadLog:
     rank: str | None = None  # the prefix label of the rank read; None: lines without a rank prefix
     ranks: list[str | None] = field(default_factory=list)  # every rank with step lines
     styles: set[str] = field(default_factory=set)
+    cut_line: int | None = None  # the last line, a step line without its end: not read
 
     @property
     def rank_note(self) -> str | None:
@@ -97,14 +101,18 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
     fmt = found.pop()
     labels = sorted({label for _, label in ranks}, key=_rank_order)
     chosen = _choose_rank(path, labels, rank)
-    reader = TEXT_FORMATS[fmt].Reader(path, global_batch_size)
+    module = TEXT_FORMATS[fmt]
+    reader, cut_line = module.Reader(path, global_batch_size), None
     for line in read_lines(path):
-        if line.rank == chosen and TEXT_FORMATS[fmt].matches(line.text):
+        if line.rank == chosen and module.matches(line.text):
+            if line.cut and not module.is_whole(line.text):
+                cut_line = line.number  # its last number may be cut short: 5444.9 read as 54
+                continue
             reader.feed(line)
     if not reader.log.steps:
         raise ReportError(_no_steps_message(path, fmt))
     styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
-    return ReadLog(fmt, reader.log, chosen, labels, styles)
+    return ReadLog(fmt, reader.log, chosen, labels, styles, cut_line)
 
 
 def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | None, seq_length: int,
@@ -113,20 +121,26 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
                warmup_steps: int = 10, gpu_name: str | None = None, dtype: str | None = None,
                peak: float | None = None, flops_formula: str = "megatron", flops_per_sample: float | None = None,
                orchestrator: str | None = None) -> Imported:
-    """A schema-v1 summary of a run from its log; the facts a log lacks come as arguments."""
+    """A schema-v1 summary of a run from its log; the facts a log lacks come as arguments. A named
+    pipe or `<(command)` is read once."""
     if fmt is not None and fmt not in FORMATS:
         raise ReportError(f"unknown log format {fmt!r}; choose one of {list(FORMATS)}")
     if spec is None and flops_per_sample is None:
         raise ReportError("give the model (--model or --model-spec) or --flops-per-sample")
-    read = read_log(path, fmt, rank, global_batch_size)
+    with read_once(path):
+        read = read_log(path, fmt, rank, global_batch_size)
+        network_section = _network(path, read, num_nodes)
     valid, bad = _split_bad_times(read.steps.steps)
     if not valid:
         raise ReportError(f"{path}: no step has a usable time: all {len(bad)} are zero, negative, NaN or infinite "
                           "(check the log)")
     start_step = valid[0].step - 1  # the warm-up is the log's first steps, wherever it starts
+    from nemo_throughput.aggregation import RunStats, steps_tensor  # torch: only once there are steps to count
+
     stats = RunStats(world_size=1, warmup_steps=0 if window else warmup_steps, start_step=start_step)
     measured = _measured(path, valid, window, stats, warmup_steps)
     batch = _global_batch_size(path, read, measured, global_batch_size)
+    tokens_checked = _check_stated_tokens(path, valid, seq_length, batch, num_gpus)
     stats.add(steps_tensor([[StepTimes(s.step, s.seconds) for s in measured]]))
 
     if spec is not None:
@@ -141,17 +155,21 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         flops_formula=USER_FLOPS if flops_given else flops_formula, flops_per_sample=flops_per_sample,
         gpu_name=gpu_name or "unknown", num_gpus=num_gpus, num_nodes=num_nodes, dtype=dtype,
         **_peak(peak, gpu_name, dtype), source=f"import:{read.fmt}",
-        environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path),
+        environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path.absolute()),
                      "imported_rank": read.rank, "log_styles": sorted(read.styles),
                      "versions": environment.library_versions()},
     )
-    summary = build_summary(facts, stats, "completed", explained={"network": _network(path, read, num_nodes)})
+    summary = build_summary(facts, stats, "completed", explained={"network": network_section})
     summary["timing"].update(
         window=window.text if window else f"{start_step + warmup_steps + 1}:",
         steps=[[s.step, s.seconds] for s in valid],
         excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]},
         per_rank_step_time_s=None, per_rank_local_time_s=None, slowest_rank=None, straggler=None)
-    return Imported(summary, _notes(read, bad))
+    notes = _notes(read, bad) + _window_notes(read, valid, measured, window)
+    if tokens_checked:
+        notes.append(f"the log's own tokens/s per GPU agree with --seq-length {seq_length} and --num-gpus {num_gpus} "
+                     f"({tokens_checked} line(s) checked)")
+    return Imported(summary, notes)
 
 
 def _network(path: Path, read: ReadLog, num_nodes: int) -> dict[str, Any] | None:
@@ -174,6 +192,9 @@ def _measured(path: Path, valid: list[Step], window: Window | None, stats: RunSt
 
 def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
     notes = [f"read {read.rank_note}"] if read.rank_note else []
+    if read.cut_line is not None:
+        notes.append(f"warning: line {read.cut_line}, the last, is a step line without its end (no line break): not "
+                     "read, its last number may be cut short (was the log still being written?)")
     if megatron.BRIDGE_STYLE in read.styles:
         notes.append("Megatron-Bridge log: step times from its iteration lines; its `Step Time : ... TFLOP/s/GPU` "
                      "lines (rank 0, the same time rounded to 10 ms, TFLOP/s by Bridge's own FLOPs) are not read")
@@ -182,6 +203,50 @@ def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
         notes.append(f"warning: {len(bad)} step time(s) left out, not positive finite numbers: {listed}"
                      + (" ..." if len(bad) > MAX_LISTED else ""))
     return notes
+
+
+def _window_notes(read: ReadLog, valid: list[Step], measured: list[Step], window: Window | None) -> list[str]:
+    """Megatron prints each time as the mean of the `log_interval` iterations up to it: a window
+    cannot measure anything finer than those intervals."""
+    interval = _log_interval(valid)
+    if window is None or read.fmt != megatron.NAME or interval <= 1:
+        return []
+    covered = f"iterations {max(1, measured[0].step - interval + 1)}-{measured[-1].step}"
+    if window.start is not None and window.start < 0:  # -N: and last select printed values, not steps
+        return [f"--window {window.text} counts printed values, each the mean of {interval} iterations (the log "
+                f"interval): {len(measured)} value(s), {covered}"]
+    stop = window.stop if window.stop is not None else valid[-1].step + 1
+    span = stop - (window.start or 0)
+    if span >= interval:
+        return []
+    return [f"warning: --window {window.text} spans {span} step(s), fewer than the log interval of {interval}: each "
+            f"printed time is the mean of the {interval} iterations up to it, so this measures {covered}, nothing "
+            "finer (give a window of whole intervals)"]
+
+
+def _log_interval(steps: list[Step]) -> int:
+    """The most common distance between printed step numbers (1 when there is one step)."""
+    gaps = Counter(b.step - a.step for a, b in zip(steps, steps[1:], strict=False))
+    return gaps.most_common(1)[0][0] if gaps else 1
+
+
+ROUNDED = 0.05  # Primus prints milliseconds and tokens/s to 0.1: half of it either way
+
+
+def _check_stated_tokens(path: Path, steps: list[Step], seq_length: int, batch: int, num_gpus: int) -> int:
+    """The tokens/s per GPU a Primus log states must be ours, from the facts given, up to its rounding:
+    otherwise --seq-length or --num-gpus is not the run's. Returns how many lines were checked."""
+    stated = [s for s in steps if s.tokens_per_s_per_gpu is not None]
+    for s in stated:
+        samples = s.global_batch_size or batch
+        ours = seq_length * samples / s.seconds / num_gpus
+        allowed = 1.5 * (ours * ROUNDED / (s.seconds * 1e3) + ROUNDED)
+        if abs(ours - s.tokens_per_s_per_gpu) > allowed:
+            raise ReportError(
+                f"{path}: line {s.line}: the log states {s.tokens_per_s_per_gpu:,.1f} tokens/s per GPU at iteration "
+                f"{s.step}, but --seq-length {seq_length} x global batch {samples} / {s.seconds * 1e3:.1f} ms / "
+                f"--num-gpus {num_gpus} is {ours:,.1f} (correct --seq-length or --num-gpus to the run's)")
+    return len(stated)
 
 
 def _ranks_with_steps(path: Path, formats: Iterable[str]) -> tuple[set[tuple[str, str | None]], bool]:

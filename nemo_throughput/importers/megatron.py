@@ -13,6 +13,15 @@ Megatron-Bridge adds, on rank 0 (``print_rank_0``), a line per log interval such
 ``Step Time : 4.65s GPU utilization: 1176.2MODEL_TFLOP/s/GPU`` (``TFLOP/s/GPU`` in older
 versions). It tells a Bridge log apart but is not read as a step: it has no iteration number and
 repeats the iteration line's time rounded to 10 ms.
+
+AMD's Primus trainer prints the same line (on the last rank, after its own logger prefix
+``[20251202 09:12:08][rank-7/8][INFO ] [--------trainer.py:2560] :``) with each rate as
+``<this interval>/<running average>``: ``elapsed time per iteration (ms): 13372.8/13364.7``,
+``throughput per GPU (TFLOP/s/GPU): 567.6/568.0`` (later ``compute per GPU (TFLOP/s/GPU): 615.5
+(avg 615.5)``) and ``tokens per GPU (tokens/s/GPU): 9801.4/9807.3`` (later ``tokens/s/GPU
+inst/harmonic mean: X/Y``); its first iterations print single values. The first number is read,
+never the average; the tokens per GPU it states (sequence length x global batch / time / world
+size) are kept to check the facts given on the command line.
 """
 
 from __future__ import annotations
@@ -30,8 +39,12 @@ TAG = "elapsed time per iteration (ms)"
 BATCH_ORIGIN = "`global batch size:`"
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|")
-_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([^\s|]+)")
+# the value of this interval, then Primus' running average after a "/" (not read)
+_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([^\s|/]+)")
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
+_TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean):"
+                             r"\s*([\d.]+)(?=[/\s|])")  # a number without what follows it may be cut
+_TRAILING_COLOUR_OR_SPACE = re.compile(r"(?:\x1b\[[0-9;]*m|\s)+$")
 _BRIDGE_STEP_TIME = re.compile(r"Step Time : \S+s GPU utilization: \S*TFLOP/s/GPU")
 BRIDGE_STYLE = "Megatron-Bridge `Step Time :` lines"
 
@@ -39,6 +52,12 @@ BRIDGE_STYLE = "Megatron-Bridge `Step Time :` lines"
 def matches(text: str) -> bool:
     """A step line: an iteration with its time (not, say, a message that names the field)."""
     return TAG in text and _ITERATION.search(text) is not None and _ELAPSED.search(text) is not None
+
+
+def is_whole(text: str) -> bool:
+    """Whether a line is complete: every field of the iteration line ends with `|` (Primus may add a
+    colour reset after it)."""
+    return _TRAILING_COLOUR_OR_SPACE.sub("", text).endswith("|")
 
 
 def is_bridge_step_time(text: str) -> bool:
@@ -65,6 +84,7 @@ class Reader:
             raise ReportError(f"{self.path}: line {line.number}: `{TAG}` is {elapsed.group(1)!r}, not a number "
                               "(is the line cut? give the log as the job wrote it)") from None
         batch = _BATCH.search(line.text)
+        tokens = _TOKENS_PER_GPU.search(line.text)
         self.log.add(Step(int(iteration.group(1)), milliseconds / 1e3, int(batch.group(1)) if batch else None,
-                          line.number))
+                          line.number, float(tokens.group(1)) if tokens else None))
         return True

@@ -56,6 +56,11 @@ def matches(text: str) -> bool:
     return TAG in text and _STEP_TIME.search(text) is not None
 
 
+def is_whole(text: str) -> bool:
+    """Whether a line is complete: a progress bar ends with `]`; a NeMo 2 line cannot tell."""
+    return text.rstrip().endswith("]")
+
+
 def parse_number(text: str) -> float:
     """A number as NeMo, tqdm or Megatron print it, including tqdm's ``nan.0`` and ``inf.0``."""
     lowered = text.strip().lower()

@@ -20,6 +20,7 @@ class Step:
     seconds: float  # as printed: may be NaN, infinite, zero or negative (the importer excludes those)
     global_batch_size: int | None  # as the log states it at this step; None: not stated
     line: int  # where it was printed, for error messages
+    tokens_per_s_per_gpu: float | None = None  # as the log states it for this step (AMD Primus); None: not stated
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from nemo_throughput.importers.lines import input_size, open_input
 from nemo_throughput.importers.steps import Step, StepLog
 from nemo_throughput.report.runs import ReportError
 
@@ -25,7 +26,7 @@ CHECKED_DATA_RECORDS = 8  # data checksums verified on the first records (pure P
 def is_event_file(path: Path) -> bool:
     """Whether the file starts with a TFRecord whose header checksum holds."""
     try:
-        with path.open("rb") as f:
+        with open_input(path) as f:
             header = f.read(12)
     except OSError:
         return False
@@ -51,8 +52,8 @@ def read_steps(path: Path) -> StepLog:
 
 def _scalars(file: Path, tag: str) -> Iterator[tuple[int, float]]:
     try:
-        size = file.stat().st_size
-        with file.open("rb") as f:
+        size = input_size(file)
+        with open_input(file) as f:
             for number, record in enumerate(_records(f, size), start=1):
                 try:
                     yield from _scalars_of_event(record, tag)
