@@ -91,3 +91,16 @@ def test_hostile_values_reach_the_job_as_data(cluster, tmp_path):
     assert seen == {"args": hostile, "cwd": str(workdir), "label": label}
     assert "JobName=hostile-1.v2" in cluster.scontrol("show", "job", job_id).stdout
     assert not marker.exists() and not list(tmp_path.rglob("injected"))
+
+
+@pytest.mark.parametrize("time", ["90", "120:00", "1:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED", "infinite",
+                                  "1:99:99", "0"])
+def test_every_time_the_launcher_accepts_sbatch_accepts(cluster, tmp_path, time):
+    from nemo_throughput.launch.slurm import SlurmJob
+
+    (option,) = [o for o in SlurmJob(command=["python", "t.py"], time=time).sbatch_options() if o.startswith("--time")]
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/bash\ntrue\n")
+    result = subprocess.run(["sbatch", "--test-only", option, str(job)], env=cluster.env, capture_output=True,
+                            text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr

@@ -141,4 +141,3 @@ def _write(path: Path, text: str, mode: int | None = None) -> None:
             path.chmod(mode)
     except OSError as error:  # what the checks cannot see: a full disk, an I/O error
         raise LaunchError(f"--output {printable(path)} cannot be written: {error.strerror}") from None
-
