@@ -79,6 +79,7 @@ class Measurement:
         self._mllog: MLPerfLog | None = None  # mllog on, rank 0
         self._last_step = 0
         self._done = False
+        self._warned_above_peak = False  # MFU above 100 %: warned once per run
         # End of run: SIGTERM watch, the last consistent summary, and a lock (made when the watch
         # is installed: a callback may be pickled before, as by ddp_spawn) between the two writers.
         self._sigterm: SigtermWatch | None = None
@@ -347,6 +348,9 @@ class Measurement:
             return
         metrics = self.facts.workload.metrics(interval.step_time_s)
         log.info(format_interval(interval, metrics))
+        if metrics["mfu_above_peak"] is not None and not self._warned_above_peak:
+            self._warned_above_peak = True
+            log.warning(mfu_above_peak_warning(self.facts, metrics["mfu_above_peak"]))
         if self._log_metrics is not None:
             logged = {f"throughput/{k}": v for k, v in metrics.items() if v is not None}
             logged["throughput/step_time_s"] = interval.step_time_s
@@ -539,6 +543,19 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
     )
 
 
+def mfu_above_peak_warning(facts: RunFacts, fraction: float) -> str:
+    """Why an MFU above 100 % cannot be: the peak it is divided by, or the FLOPs it counts."""
+    if facts.flops_formula == USER_FLOPS:
+        flops = f"the flops_per_sample given ({facts.flops_per_sample:.4g}: per sample, not per batch?)"
+    else:
+        flops = (f"the {facts.flops_formula!r} FLOPs model ({facts.flops_per_sample:.4g} per sample: "
+                 "is the model shape read right?)")
+    return (f"nemo-throughput: MFU computes to {100 * fraction:.0f}%, above the GPU's peak, which no run reaches: "
+            f"the peak of {facts.peak_tflops:g} TFLOPS per GPU ({facts.peak_source}, dtype {facts.dtype}: an fp8 "
+            f"run needs dtype fp8; peak_tflops is per GPU, not per node) or {flops} is wrong. MFU is reported as "
+            "null; throughput.mfu_above_peak keeps the figure.")
+
+
 def _check_batch(global_batch_size: int, micro_batch_size: int | None, data_parallel: int) -> None:
     """One optimizer step trains micro_batch_size samples on each data-parallel rank at least, in
     whole micro-batches: a global batch that is not a multiple of that would make every rate wrong."""
@@ -662,8 +679,15 @@ def ranks_text(ranks: list[int], shown: int = 8) -> str:
 
 
 def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:
-    """One readable line per log interval."""
-    warmup = " (profiled steps not counted)" if interval.profiled else " (warm-up)" if interval.warmup else ""
+    """One readable line per log interval; its figures leave out the steps the statistics leave out."""
+    steps = interval.last_step - interval.first_step + 1
+    reasons = "/".join(interval.left_out_reasons)
+    if interval.left_out == steps:  # nothing counted: described by all its steps
+        warmup = " (warm-up)" if interval.warmup else f" ({reasons} steps, not counted)"
+    elif interval.left_out:
+        warmup = f" ({interval.left_out} {reasons} step{'s' if interval.left_out > 1 else ''} not counted)"
+    else:
+        warmup = ""
     parts = [f"step {interval.step_time_s:.4g} s (max {interval.max_step_time_s:.4g})"]
     if metrics["tokens_per_s"] is not None:
         parts += [f"{metrics['tokens_per_s']:,.0f} tok/s", f"{metrics['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"]
@@ -671,7 +695,10 @@ def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str
         parts.append(f"{metrics['samples_per_s']:,.4g} samples/s")
     if metrics["model_tflops_per_gpu"] is not None:
         parts.append(f"{metrics['model_tflops_per_gpu']:.4g} TFLOPS/GPU")
-    parts.append(f"MFU {100 * metrics['mfu']:.1f}%" if metrics["mfu"] is not None else "MFU n/a")
+    if metrics["mfu_above_peak"] is not None:
+        parts.append(f"MFU n/a (computed {100 * metrics['mfu_above_peak']:.0f}%, above peak)")
+    else:
+        parts.append(f"MFU {100 * metrics['mfu']:.1f}%" if metrics["mfu"] is not None else "MFU n/a")
     parts.append(f"slowest rank {interval.slowest_rank}")
     return f"[throughput] steps {interval.first_step}-{interval.last_step}{warmup}: " + " | ".join(parts)
 

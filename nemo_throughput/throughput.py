@@ -8,7 +8,7 @@ SECONDS_PER_DAY = 86_400
 ONE_TRILLION = 1e12
 RATES = {"tokens": "tokens_per_s", "samples": "samples_per_s"}  # the rate setting -> throughput.primary
 METRICS = ("tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "model_tflops_per_gpu", "mfu",
-           "days_to_train_1t_tokens")
+           "mfu_above_peak", "days_to_train_1t_tokens")
 
 
 def mfu(
@@ -58,11 +58,14 @@ class Workload:
                     num_gpus=self.num_gpus,
                     peak_tflops=self.peak_tflops,
                 )
+        # Above 100 % the peak or the FLOPs model is wrong: no MFU is reported, the figure is kept as a flag.
+        above_peak = utilisation if utilisation is not None and utilisation > 1 else None
         return {
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_gpu": tokens_per_s / self.num_gpus if tokens_per_s else None,
             "samples_per_s": self.global_batch_size / step_time_s,
             "model_tflops_per_gpu": tflops_per_gpu,
-            "mfu": utilisation,
+            "mfu": None if above_peak else utilisation,
+            "mfu_above_peak": above_peak,
             "days_to_train_1t_tokens": days_to_train(ONE_TRILLION, tokens_per_s) if tokens_per_s else None,
         }

@@ -513,3 +513,26 @@ def test_a_profile_window_outside_the_measured_run_is_refused_before_training(tm
                                                                              message):
     with pytest.raises(ValueError, match=message):
         fit_demo(tmp_path, quiet_trainer_kwargs, steps=12, warmup_steps=2, profile_steps=window)
+
+
+def test_an_mfu_above_100_percent_is_nulled_flagged_and_warned_naming_the_likely_causes(tmp_path,
+                                                                                       quiet_trainer_kwargs, caplog):
+    """A peak of 1 kFLOP/s per GPU (as a peak given in the wrong unit would be): no CPU step is that slow."""
+    with caplog.at_level("WARNING", logger="nemo_throughput"):
+        _, summary = fit_demo(tmp_path, quiet_trainer_kwargs, steps=8, log_every_n_steps=2, warmup_steps=1,
+                              peak_tflops=1e-9)
+    throughput = summary["throughput"]
+    assert throughput["mfu"] is None and throughput["mfu_above_peak"] > 1
+    assert throughput["mfu_above_peak"] == pytest.approx(throughput["model_tflops_per_gpu"] / 1e-9)
+    warnings = [r.getMessage() for r in caplog.records if "above the GPU's peak" in r.getMessage()]
+    assert len(warnings) == 1  # once per run, not per interval
+    assert "peak of 1e-09 TFLOPS per GPU (user, dtype" in warnings[0] and "'megatron' FLOPs model" in warnings[0]
+    assert "MFU is reported as null; throughput.mfu_above_peak keeps the figure" in warnings[0]
+
+
+def test_an_mfu_within_the_peak_is_reported_and_not_flagged():
+    from nemo_throughput.throughput import Workload
+
+    workload = Workload(global_batch_size=8, seq_length=None, num_gpus=2, flops_per_sample=1e12, peak_tflops=10)
+    assert workload.metrics(1.0)["mfu"] == pytest.approx(0.4) and workload.metrics(1.0)["mfu_above_peak"] is None
+    assert workload.metrics(0.1)["mfu"] is None and workload.metrics(0.1)["mfu_above_peak"] == pytest.approx(4.0)
