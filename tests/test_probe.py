@@ -233,12 +233,51 @@ def test_sizes_read_binary_units():
 # ---------------------------------------------------------------------------- launchers' environments
 def test_torchrun_variables_are_taken_as_they_are_and_incomplete_ones_refused():
     env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "n1", "MASTER_PORT": "29500",
+           "TORCHELASTIC_RUN_ID": "none",  # torchrun sets it
            "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}  # torchrun inside srun: torchrun's ranks win
     assert launcher_env(env) == {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "n1",
                                  "MASTER_PORT": "29500"}
     with pytest.raises(ValueError, match="MASTER_PORT not"):
         launcher_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "n1"})
     assert launcher_env({"HOME": "/root"}) is None
+
+
+STALE = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("env, message", [
+    (STALE, "RANK=0 and WORLD_SIZE=2 are set, but no launcher started this process .* wait for 1 more rank"),
+    ({**STALE, "RANK": "2", "TORCHELASTIC_RUN_ID": "x"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ({**STALE, "WORLD_SIZE": "two", "TORCHELASTIC_RUN_ID": "x"}, "must be whole numbers"),
+    ({**STALE, "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4"},
+     "disagree with this srun step's rank 1 of 4"),
+])
+def test_a_stale_or_inconsistent_rank_environment_is_refused_before_any_rendezvous(env, message):
+    with pytest.raises(ValueError, match=message):
+        launcher_env(env)
+    assert launcher_env({**STALE, "WORLD_SIZE": "1", "RANK": "0"}) is not None  # one rank waits for nobody
+    assert launcher_env({**STALE, "KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is not None  # a PyTorchJob pod
+
+
+def test_the_command_in_a_shell_with_a_stale_export_says_so_at_once(tmp_path):
+    """What used to wait 30 minutes: `export RANK=0 WORLD_SIZE=2 ...` left over, then `nemo-throughput probe`."""
+    env = {key: value for key, value in os.environ.items() if key not in ("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID")}
+    result = subprocess.run([BIN / "nemo-throughput", "probe", "--backend", "gloo"], env={**env, **STALE},
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("nemo-throughput probe: RANK=0 and WORLD_SIZE=2 are set, but no launcher")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_rank_whose_peers_never_come_gives_up_after_the_rendezvous_timeout(tmp_path):
+    """A launcher's variables, but rank 0 never starts: a one-line error after --rendezvous-timeout."""
+    env = {**os.environ, **STALE, "RANK": "1", "MASTER_PORT": str(free_port()), "TORCHELASTIC_RUN_ID": "x"}
+    result = subprocess.run([BIN / "nemo-throughput", "probe", "--backend", "gloo", "--rendezvous-timeout", "2"],
+                            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]  # after torch's own c10d log line
+    assert last.startswith("nemo-throughput probe: rank 1 of 2 could not meet the other ranks at 127.0.0.1:")
+    assert "within 2 s" in last and "Traceback" not in result.stderr
 
 
 def test_srun_variables_give_rank_world_size_and_the_first_node_of_the_step():

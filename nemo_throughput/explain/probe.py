@@ -26,14 +26,19 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from nemo_throughput.environment import gpu_index, node_name
 from nemo_throughput.outputs import check_output_file
+from nemo_throughput.report.safe_text import printable
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported in the functions that use it: `nemo-throughput --help` and the other subcommands
+# register this one's options without loading it.
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +49,17 @@ DEFAULT_SIZES_BYTES_CPU = (4 * KIB, 64 * KIB, 1 * MIB)  # gloo on CPU: keeps the
 DEFAULT_ITERATIONS, DEFAULT_WARMUP = 20, 5  # nccl-tests' defaults (-n 20, -w 5)
 COLLECTIVES_BUDGET_S = {"cuda": 5.0, "cpu": 2.0}  # all ops and sizes together, roughly
 MATMUL_BUDGET_S = {"cuda": 0.5, "cpu": 0.25}
-MATMUL_SIZE = {"cuda": (8192, torch.bfloat16), "cpu": (512, torch.float32)}
+MATMUL_SIZE = {"cuda": (8192, "bfloat16"), "cpu": (512, "float32")}  # n, torch dtype
 MATMUL_ROUNDS = 5
-PROBE_DTYPE, PROBE_DTYPE_NAME = torch.float32, "float"  # nccl-tests' default type (-d float)
+PROBE_DTYPE, PROBE_DTYPE_NAME = "float32", "float"  # torch's name, nccl-tests' default type (-d float)
 ELEMENT_BYTES = 4
 # nccl-tests rounds per-rank (all_gather, reduce_scatter) and per-peer (all_to_all) counts down to 16 bytes
 ALIGN_ELEMENTS = 16 // ELEMENT_BYTES
 OUTLIER_MADS, OUTLIER_MIN_FRACTION = 3.0, 0.10
 # Only for tests: this rank repeats every matmul N times but counts it once (a rank made slow on purpose).
 ENV_TEST_SLOWDOWN = "NEMO_THROUGHPUT_PROBE_TEST_SLOWDOWN"
+# How long ranks wait for each other to join (and for a collective): torch's default is 30 minutes.
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 
 
 # ------------------------------------------------------------------------------ nccl-tests arithmetic
@@ -135,11 +142,16 @@ class _Fabric:
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
+            import torch
+
             torch.cuda.synchronize(self.device)
 
     def per_rank(self, values: Sequence[float]) -> torch.Tensor:
         """Every rank's `values` as a float64 [world_size, len(values)] CPU tensor, on every rank. An
         all-reduce (sum) of a zero matrix holding this rank's row: supported by every backend."""
+        import torch
+        import torch.distributed as dist
+
         rows = torch.zeros(self.world_size, len(values), dtype=torch.float64, device=self.device)
         rows[self.rank] = torch.tensor(values, dtype=torch.float64)
         if self.distributed:
@@ -241,6 +253,9 @@ def sendrecv_pairs(world_size: int, hosts: Sequence[str]) -> list[tuple[int, int
 
 
 def _fabric(group: Any, device: torch.device | str | None) -> _Fabric:
+    import torch
+    import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()):
         if group is not None:
             raise ValueError("run_probe was given a process group but torch.distributed is not initialised: "
@@ -271,6 +286,9 @@ def _backend_for(backends: str, device_type: str) -> str:
 
 def _places(fabric: _Fabric) -> list[dict[str, Any]]:
     """{"rank", "host", "gpu_index"} of every rank, in rank order."""
+    import torch
+    import torch.distributed as dist
+
     mine = {"rank": fabric.rank, "host": node_name(), "gpu_index": None}
     if fabric.device.type == "cuda":  # as nvidia-smi numbers it (through CUDA_VISIBLE_DEVICES) when it can
         mine["gpu_index"] = gpu_index() if fabric.device.index == torch.cuda.current_device() else fabric.device.index
@@ -317,10 +335,13 @@ def _partner(rank: int, pairs: list[tuple[int, int]]) -> int | None:
 
 def _operation(fabric: _Fabric, op: str, count: int, partner: int | None) -> Callable[[], None]:
     """One op on buffers allocated once (zeros: sums stay finite, no denormals to slow a CPU reduction)."""
+    import torch
+    import torch.distributed as dist
+
     group, ranks = fabric.group, fabric.world_size
 
     def zeros(elements: int) -> torch.Tensor:
-        return torch.zeros(elements, dtype=PROBE_DTYPE, device=fabric.device)
+        return torch.zeros(elements, dtype=getattr(torch, PROBE_DTYPE), device=fabric.device)
 
     if op == "all_reduce":
         buffer = zeros(count)
@@ -347,7 +368,10 @@ def _exchange(fabric: _Fabric, count: int, partner: int | None) -> Callable[[], 
     pair's sends and receives on one stream: unbatched, both ranks would wait in their send."""
     if partner is None:
         return lambda: None
-    sent = torch.zeros(count, dtype=PROBE_DTYPE, device=fabric.device)
+    import torch
+    import torch.distributed as dist
+
+    sent = torch.zeros(count, dtype=getattr(torch, PROBE_DTYPE), device=fabric.device)
     received = torch.empty_like(sent)
     peer = partner if fabric.group is None else dist.get_global_rank(fabric.group, partner)
 
@@ -406,7 +430,10 @@ def matmul_tflops(device: torch.device, budget_s: float, rounds: int = MATMUL_RO
     time: the CPU path serves tests and demos on machines whose cores other processes share, and CPU time
     measures the cores' speed without the time the scheduler gave to others.
     """
-    n, dtype = MATMUL_SIZE["cuda" if device.type == "cuda" else "cpu"]
+    import torch
+
+    n, dtype_name = MATMUL_SIZE["cuda" if device.type == "cuda" else "cpu"]
+    dtype = getattr(torch, dtype_name)
     repeats = _test_slowdown()
     first, second = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     product = torch.empty(n, n, dtype=dtype, device=device)
@@ -559,10 +586,15 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                        help=f"warm-up ops per op and size, at most ({DEFAULT_WARMUP})")
     probe.add_argument("--time-budget", type=_seconds_argument,
                        help="seconds for all collectives together, roughly (5 on NCCL, 2 on gloo)")
+    probe.add_argument("--rendezvous-timeout", type=_seconds_argument, default=DEFAULT_RENDEZVOUS_TIMEOUT_S,
+                       help=f"seconds the ranks wait for each other to start ({DEFAULT_RENDEZVOUS_TIMEOUT_S:g})")
     probe.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
     try:
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl" and not torch.cuda.is_available():
@@ -574,7 +606,15 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"nemo-throughput probe: {error}", file=sys.stderr)
         return 2
     initialised_here = rendezvous is not None and not dist.is_initialized()
-    device = _init_process_group(backend, rendezvous)
+    try:
+        device = _init_process_group(backend, rendezvous, args.rendezvous_timeout)
+    except (RuntimeError, ValueError) as error:  # torch's DistStoreError/DistNetworkError are RuntimeErrors
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        print(f"nemo-throughput probe: rank {rendezvous['RANK']} of {rendezvous['WORLD_SIZE']} could not meet the "
+              f"other ranks at {printable(rendezvous['MASTER_ADDR'])}:{printable(rendezvous['MASTER_PORT'])} within "
+              f"{args.rendezvous_timeout:g} s ({printable(first_line)}); are all ranks started, and are RANK, "
+              "WORLD_SIZE and MASTER_ADDR this launch's? (--rendezvous-timeout to wait longer)", file=sys.stderr)
+        return 2
     try:
         result = run_probe(sizes_bytes=args.sizes, iterations=args.iterations, warmup=args.warmup, device=device,
                            time_budget_s=args.time_budget)
@@ -592,9 +632,12 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _init_process_group(backend: str, rendezvous: dict[str, str] | None) -> torch.device:
+def _init_process_group(backend: str, rendezvous: dict[str, str] | None, timeout_s: float) -> torch.device:
     """init_process_group from the env:// variables when launched on several ranks (not when the process
     group exists already); the device this rank probes, made current on CUDA."""
+    import torch
+    import torch.distributed as dist
+
     if rendezvous is not None and not dist.is_initialized():
         os.environ.update(rendezvous)
     device = torch.device("cpu")
@@ -603,7 +646,7 @@ def _init_process_group(backend: str, rendezvous: dict[str, str] | None) -> torc
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
     if rendezvous is not None and not dist.is_initialized():
-        dist.init_process_group(backend, init_method="env://")
+        dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
     return device
 
 
@@ -616,6 +659,7 @@ def launcher_env(env: Mapping[str, str]) -> dict[str, str] | None:
         if missing:
             raise ValueError(f"RANK and WORLD_SIZE are set but {' and '.join(missing)} not: launch with torchrun "
                              f"or set them")
+        _check_rank_variables(env)
         return {"RANK": env["RANK"], "WORLD_SIZE": env["WORLD_SIZE"], "LOCAL_RANK": env.get("LOCAL_RANK", "0"),
                 "MASTER_ADDR": env["MASTER_ADDR"], "MASTER_PORT": env["MASTER_PORT"]}
     # SLURM_STEP_NUM_TASKS exists only inside an srun step: a batch script's own shell (one process) also
@@ -625,6 +669,33 @@ def launcher_env(env: Mapping[str, str]) -> dict[str, str] | None:
     return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
             "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "MASTER_ADDR": _slurm_master_addr(env),
             "MASTER_PORT": env.get("MASTER_PORT") or _slurm_master_port(env)}
+
+
+# Variables that only a launcher sets: with none of them, RANK/WORLD_SIZE are an export left in the shell.
+_LAUNCHER_MARKERS = ("TORCHELASTIC_RUN_ID", "KUBERNETES_SERVICE_HOST", "SLURM_STEP_ID", "OMPI_COMM_WORLD_SIZE",
+                     "PMI_SIZE", "PMIX_RANK")
+_UNSET_HINT = "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT, or launch with torchrun"
+
+
+def _check_rank_variables(env: Mapping[str, str]) -> None:
+    """Refuse RANK/WORLD_SIZE that would make the rendezvous wait (30 minutes by default) for ranks
+    that never come: not numbers, a rank outside the world, no launcher around them, or srun's
+    own ranks saying otherwise (without torchrun, which sets its own)."""
+    rank_text, world_text = env["RANK"], env["WORLD_SIZE"]
+    if not (rank_text.isdigit() and world_text.isdigit()) or int(world_text) < 1:
+        raise ValueError(f"RANK={rank_text!r} and WORLD_SIZE={world_text!r} must be whole numbers, WORLD_SIZE >= 1: "
+                         f"{_UNSET_HINT}")
+    rank, world_size = int(rank_text), int(world_text)
+    if rank >= world_size:
+        raise ValueError(f"RANK={rank} is not below WORLD_SIZE={world_size}: {_UNSET_HINT}")
+    if world_size > 1 and not any(marker in env for marker in _LAUNCHER_MARKERS):
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} are set, but no launcher started this process "
+                         "(no torchrun, srun, mpirun or Kubernetes variables): an export left in this shell? The "
+                         f"probe would wait for {world_size - 1} more rank(s) that never start; {_UNSET_HINT}")
+    slurm = (env.get("SLURM_PROCID"), env.get("SLURM_STEP_NUM_TASKS"))
+    if "TORCHELASTIC_RUN_ID" not in env and None not in slurm and slurm != (rank_text, world_text):
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} disagree with this srun step's rank {slurm[0]} of "
+                         f"{slurm[1]}: an export left in the job's environment? unset RANK and WORLD_SIZE under srun")
 
 
 def _slurm_master_addr(env: Mapping[str, str]) -> str:
