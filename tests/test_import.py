@@ -670,6 +670,16 @@ def test_a_last_line_cut_while_being_written_is_not_read_as_a_step(tmp_path, cap
     assert code == 0 and steps_of(summary_of(tmp_path / "out", "whole"))[-1] == 73 and "line 6" not in err
 
 
+def test_a_cut_nemo2_line_is_not_read_as_a_step(tmp_path, capsys):
+    text = (DATA / "nemo2_qwen3_8b_timestamped.log").read_bytes()
+    cut = tmp_path / "running.log"
+    cut.write_bytes(text[:text.rindex(b"2.127") + 3])  # global step 529's `2.127` s written as far as `2.1`
+    code, _, err = run_import(capsys, cut, "--warmup", "0", out=tmp_path / "out")
+    assert code == 0, err
+    assert steps_of(summary_of(tmp_path / "out", "running")) == [528, 529]
+    assert "warning: line 3, the last, is a step line without its end" in err
+
+
 def test_process_substitution_is_read_once(tmp_path):
     log = DATA / "megatron_lm_mixtral_issue756.log"
     command = (f"{Path(sys.executable).parent / 'nemo-throughput'} import <(cat {log}) --label bare-metal "
