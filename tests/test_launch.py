@@ -290,6 +290,12 @@ def test_slurm_times_in_every_form_sbatch_takes_are_accepted(time):
     assert f"--time={time}" in SlurmJob(command=["python", "t.py"], time=time).sbatch_options()
 
 
+def test_slurm_job_name_longer_than_slurm_takes_is_refused():
+    assert SlurmJob(command=["python", "t.py"], job_name="j" * 1024).job_name == "j" * 1024
+    with pytest.raises(LaunchError, match="--job-name has 1025 characters; Slurm takes at most 1024"):
+        SlurmJob(command=["python", "t.py"], job_name="j" * 1025)
+
+
 def test_slurm_command_with_control_characters_other_than_tab_and_newline_is_refused():
     with pytest.raises(LaunchError, match="training command.*control character"):
         SlurmJob(command=["python", "t.py", "a\rb"])

@@ -93,6 +93,21 @@ def test_hostile_values_reach_the_job_as_data(cluster, tmp_path):
     assert not marker.exists() and not list(tmp_path.rglob("injected"))
 
 
+def test_the_longest_job_name_the_launcher_accepts_sbatch_accepts(cluster, tmp_path):
+    from nemo_throughput.launch.slurm import MAX_JOB_NAME, SlurmJob
+
+    (option,) = [o for o in SlurmJob(command=["python", "t.py"], job_name="j" * MAX_JOB_NAME).sbatch_options()
+                 if o.startswith("--job-name")]
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/bash\ntrue\n")
+    accepted = subprocess.run(["sbatch", "--test-only", option, str(job)], env=cluster.env, capture_output=True,
+                              text=True, cwd=tmp_path)
+    assert accepted.returncode == 0, accepted.stderr
+    refused = subprocess.run(["sbatch", "--test-only", option + "j", str(job)], env=cluster.env, capture_output=True,
+                             text=True, cwd=tmp_path)  # the limit is Slurm's: one more is refused
+    assert refused.returncode != 0 and "too long" in refused.stdout + refused.stderr
+
+
 @pytest.mark.parametrize("time", ["90", "120:00", "1:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED", "infinite",
                                   "1:99:99", "0"])
 def test_every_time_the_launcher_accepts_sbatch_accepts(cluster, tmp_path, time):

@@ -32,6 +32,7 @@ _TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INF
 _IMAGE = re.compile(r"[A-Za-z0-9._/][A-Za-z0-9._:/@#+~-]*")
 _MOUNT_FLAGS = re.compile(r"[A-Za-z0-9._=-]+(\+[A-Za-z0-9._=-]+)*")  # Pyxis joins enroot's flags with '+'
 _NAME_RULE = "letters, digits and . _ + - (starting with a letter, a digit or _)"
+MAX_JOB_NAME = 1024  # slurmctld refuses a longer name at submission ("parameter too long")
 
 
 @dataclass
@@ -92,6 +93,8 @@ class SlurmJob:
     def _check_names(self) -> None:
         if not _NAME.fullmatch(self.job_name):
             raise LaunchError(f"--job-name {self.job_name!r} is not a job name this launcher writes: use {_NAME_RULE}")
+        if len(self.job_name) > MAX_JOB_NAME:
+            raise LaunchError(f"--job-name has {len(self.job_name)} characters; Slurm takes at most {MAX_JOB_NAME}")
         if self.partition is not None and not _PARTITIONS.fullmatch(self.partition):
             raise LaunchError(f"--partition {self.partition!r} is not a Slurm partition name: use {_NAME_RULE}; "
                               "several partitions are separated by commas")
