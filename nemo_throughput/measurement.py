@@ -32,6 +32,7 @@ from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import device_name, identify, peak_tflops
 from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
+from nemo_throughput.report.safe_text import printable
 from nemo_throughput.signals import SigtermWatch
 from nemo_throughput.summary import (
     STEPS_FILE,
@@ -264,7 +265,7 @@ class Measurement:
         clock = self.time_to_target
         if self.rank == 0:
             log.info("nemo-throughput: %s = %.6g reached the target %s %g at step %d, %.3f s after run start",
-                     clock.target.metric, clock.value, "<=" if clock.target.mode == "min" else ">=",
+                     printable(clock.target.metric), clock.value, "<=" if clock.target.mode == "min" else ">=",
                      clock.target.value, step, clock.seconds)
         if self._mllog is not None:
             self._mllog.run_stop(True, clock.started_wall_ms + round(clock.seconds * 1000), step)
@@ -368,7 +369,7 @@ class Measurement:
         except OSError as error:
             self.facts.steps_jsonl.update(complete=False, error=f"{type(error).__name__}: {error}")
             log.error("nemo-throughput: could not append to %s (%s); it stops here and the summary marks it "
-                      "incomplete. Training goes on.", path, error)
+                      "incomplete. Training goes on.", printable(path), error)
 
     def _finish(self, status: str, error: str | None, missing: str | None) -> None:
         """The final summary (rank 0); other ranks keep theirs only while rank 0 may lack their steps."""
@@ -377,12 +378,13 @@ class Measurement:
             self._done = True
             if self.rank == 0:
                 self._summary_file.close(summary)
-                log.info("nemo-throughput: %s run summary written to %s", status, self.summary_path)
+                log.info("nemo-throughput: %s run summary written to %s", status, printable(self.summary_path))
             elif missing is None:  # the final exchange completed: rank 0 has every step this rank has
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self.rank_summary_path)
             elif self._write_rank_file(summary, durable=True):
-                log.warning("nemo-throughput: rank %d wrote what it knows to %s", self.rank, self.rank_summary_path)
+                log.warning("nemo-throughput: rank %d wrote what it knows to %s", self.rank,
+                            printable(self.rank_summary_path))
         if self._sigterm is not None:
             self._sigterm.uninstall()
             self._sigterm = None
@@ -413,7 +415,7 @@ class Measurement:
             write_json_atomic(self.rank_summary_path, summary, durable=durable)
             return True
         except (OSError, ValueError) as error:
-            log.warning("nemo-throughput: could not write %s: %s", self.rank_summary_path, error)
+            log.warning("nemo-throughput: could not write %s: %s", printable(self.rank_summary_path), error)
             return False
 
     def _summary(self, status: str, error: str | None = None, final: bool = False) -> dict[str, Any]:

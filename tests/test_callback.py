@@ -536,3 +536,15 @@ def test_an_mfu_within_the_peak_is_reported_and_not_flagged():
     workload = Workload(global_batch_size=8, seq_length=None, num_gpus=2, flops_per_sample=1e12, peak_tflops=10)
     assert workload.metrics(1.0)["mfu"] == pytest.approx(0.4) and workload.metrics(1.0)["mfu_above_peak"] is None
     assert workload.metrics(0.1)["mfu"] is None and workload.metrics(0.1)["mfu_above_peak"] == pytest.approx(4.0)
+
+
+def test_a_file_name_with_terminal_escapes_is_shown_without_them(tmp_path, quiet_trainer_kwargs, caplog):
+    import pytorch_lightning as pl
+
+    output_dir = tmp_path / "runs\x1b]0;owned\x07\x1b[31m"
+    callback = ThroughputCallback(output_dir=str(output_dir), log_every_n_steps=2)
+    trainer = pl.Trainer(max_steps=2, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
+    with caplog.at_level("INFO", logger="nemo_throughput"):
+        trainer.fit(DemoGPT(tiny_gpt_cfg()))
+    written = [r.getMessage() for r in caplog.records if "run summary written to" in r.getMessage()]
+    assert written == [f"nemo-throughput: completed run summary written to {tmp_path}/runs/summary.json"]
