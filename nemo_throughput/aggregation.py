@@ -250,15 +250,20 @@ class Exchange:
 
 @dataclass
 class Interval:
-    """Statistics of the steps of one exchange, for the live log line and loggers."""
+    """Statistics of the steps of one exchange, for the live log line and loggers.
+
+    The figures are over the interval's counted steps (those the run statistics take); only an
+    interval with none (all warm-up, say) is described by all its steps, and says so."""
 
     first_step: int
     last_step: int
     step_time_s: float  # mean over steps of the slowest rank's time
     max_step_time_s: float
     slowest_rank: int
-    warmup: bool
+    warmup: bool  # every step of it is warm-up
     profiled: bool = False  # overlaps the profiled steps (left out of the statistics)
+    left_out: int = 0  # steps of it not counted (warm-up, profiled, skipped)
+    left_out_reasons: tuple[str, ...] = ()  # why, in words ("warm-up", "profiled", "skipped")
 
 
 class RunStats:
@@ -329,8 +334,17 @@ class RunStats:
         self._sums += measured.nan_to_num(0.0).sum(dim=1)
         self._counts += observed.sum(dim=1)
 
-        local = values[:, :, -1]
-        straggler_time = (local if not bool(local.isnan().any()) else values[:, :, 0]).mean(dim=1)
+        return self._interval(step_numbers, values, keep)
+
+    def _interval(self, step_numbers: list[int], values: torch.Tensor, keep: torch.Tensor) -> Interval:
+        """The live figures: over the counted steps, or over all when none is counted."""
+        left_out = len(step_numbers) - int(keep.sum())
+        shown = values[:, keep] if left_out < len(step_numbers) else values
+        global_s = shown[:, :, 0].max(dim=0).values
+        local = shown[:, :, -1]
+        straggler_time = (local if not bool(local.isnan().any()) else shown[:, :, 0]).mean(dim=1)
+        not_counted = [n for n, kept in zip(step_numbers, keep.tolist(), strict=True) if not kept]
+        reasons = (("warm-up", self.is_warmup), ("profiled", self.is_excluded), ("skipped", self.skipped.__contains__))
         return Interval(
             first_step=step_numbers[0],
             last_step=step_numbers[-1],
@@ -339,6 +353,8 @@ class RunStats:
             slowest_rank=int(straggler_time.argmax()),
             warmup=self.is_warmup(step_numbers[-1]),
             profiled=any(self.is_excluded(n) for n in step_numbers),
+            left_out=left_out,
+            left_out_reasons=tuple(word for word, test in reasons if any(test(n) for n in not_counted)),
         )
 
     @property

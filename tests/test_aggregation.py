@@ -41,7 +41,9 @@ def test_global_step_time_is_the_slowest_rank_per_step_and_warmup_is_left_out():
     assert straggler["spread_s"] == pytest.approx({"min": 0.2, "median": 0.35, "max": 0.5})
     assert straggler["others_wait_s"] == pytest.approx(0.5 - 0.35)  # the median rank's wait for rank 1
     assert (interval.first_step, interval.last_step, interval.slowest_rank) == (1, 6, 1)
-    assert interval.max_step_time_s == 9.0 and not interval.warmup
+    # the live figures are the counted steps' too: the warm-up steps' 9 s are in neither
+    assert interval.step_time_s == pytest.approx(2.125) and interval.max_step_time_s == 4.0
+    assert not interval.warmup and (interval.left_out, interval.left_out_reasons) == (2, ("warm-up",))
 
 
 def test_statistics_accumulate_over_intervals_as_over_one():
@@ -68,7 +70,12 @@ def test_profiled_steps_are_reported_but_left_out_of_the_statistics():
     stats = RunStats(world_size=1, warmup_steps=1, excluded=(3, 4))
     first = stats.add(steps_tensor([rank_steps(1, [9.0, 1.0])]))
     window = stats.add(steps_tensor([rank_steps(3, [7.0, 8.0, 2.0])]))
-    assert not first.profiled and window.profiled and window.max_step_time_s == 8.0
+    assert not first.profiled and window.profiled
+    assert window.step_time_s == window.max_step_time_s == 2.0  # step 5 alone is counted
+    assert (window.left_out, window.left_out_reasons) == (2, ("profiled",))
+    only_profiled = RunStats(world_size=1, warmup_steps=0, excluded=(1, 2)).add(
+        steps_tensor([rank_steps(1, [7.0, 8.0])]))
+    assert only_profiled.step_time_s == 7.5 and only_profiled.left_out == 2  # nothing counted: all its steps
     assert stats.steps_measured == 2 and stats.mean_step_time_s() == pytest.approx(1.5)  # steps 2 and 5
     assert stats.per_rank_step_time_s() == pytest.approx([1.5])
 

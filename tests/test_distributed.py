@@ -62,7 +62,8 @@ def test_a_slow_rank_is_named_and_the_global_step_time_follows_it(tmp_path):
         assert part["compute_s"] + part["exposed_communication_s"] + part["idle_s"] == pytest.approx(part["window_s"])
     assert communication["traces"] == ["traces/rank0.json"]
     assert (tmp_path / "traces" / "rank0.json").stat().st_size > 0 and not (tmp_path / "traces" / "rank1.json").exists()
-    assert "steps 4-7 (profiled steps not counted)" in output
+    assert "steps 4-7 (2 profiled steps not counted)" in output
+    assert "steps 1-3 (2 warm-up steps not counted)" in output
     assert summary["network"]["backend"] == "gloo" and summary["network"]["label"] is None
     assert summary["telemetry"] is None  # no memory statistics, no NVML on a CPU
     # the start-up probe ran over the same gloo group, before the first step

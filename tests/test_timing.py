@@ -162,3 +162,52 @@ def test_host_clock_measures_real_time():
 def test_step_times_round_trip_through_floats():
     t = StepTimes(step=7, step_s=0.5, data_s=None, forward_s=0.2, backward_s=0.25, optimizer_s=0.05)
     assert StepTimes.from_floats(7, t.to_floats()) == t
+
+
+def test_the_first_measured_live_figures_leave_the_warmup_steps_out(tmp_path):
+    """A real Lightning fit whose warm-up steps are slow on purpose: every interval the loggers get
+    is the mean of its counted steps as steps.jsonl has them, the one that holds the last warm-up
+    step included (it used to average the warm-up steps in)."""
+    import json
+
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    warmup_steps = 3
+
+    class SlowWarmup(DemoGPT):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.global_step < warmup_steps:
+                time.sleep(0.2)
+            return super().training_step(batch, batch_idx)
+
+    class Collector(pl.loggers.logger.Logger):
+        name, version = "collector", 0
+        logged: list[tuple[int, float]] = []
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+        def log_metrics(self, metrics, step=None):
+            if "throughput/step_time_s" in metrics:
+                self.logged.append((step, metrics["throughput/step_time_s"]))
+
+    callback = ThroughputCallback(log_every_n_steps=5, warmup_steps=warmup_steps, output_dir=tmp_path,
+                                  per_step_jsonl=True, model_name="tiny")
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=12, logger=Collector(), enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                         default_root_dir=tmp_path)
+    trainer.fit(SlowWarmup(tiny_gpt_cfg()))
+
+    rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    by_step = {row["step"]: row for row in rows}
+    logged = Collector.logged
+    assert [step for step, _ in logged] == [4, 9, 12]  # intervals 1-4, 5-9, 10-12
+    first = 1
+    for last, step_time_s in logged:
+        counted = [by_step[s]["step_time_s"] for s in range(first, last + 1) if s > warmup_steps]
+        assert step_time_s == pytest.approx(sum(counted) / len(counted), rel=1e-12), (first, last)
+        first = last + 1
