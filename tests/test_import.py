@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import nemo_throughput_cli
+from conftest import nemo_throughput_cli, run_train_tiny
 from nemo_throughput.cli import main
 from nemo_throughput.flops import model_flops_per_sample
 from nemo_throughput.importers.nemo import tqdm_range
@@ -729,6 +729,19 @@ def test_reimporting_the_same_input_replaces_its_summary_and_another_input_never
     code, _, err = run_import(capsys, second, "--warmup", "0", out=out)
     assert code == 2 and f"is the summary imported from {first}, another input: not replaced" in err
     assert summary_of(out, "job")["environment"]["imported_from"] == str(first)
+
+
+def test_a_summary_of_a_run_measured_by_the_plugin_is_never_replaced(tmp_path, capsys):
+    out = tmp_path / "imported"
+    train = run_train_tiny("--output-dir", out / "job", "--steps", 4, "--warmup", 1)  # a real run's summary
+    output, _ = train.communicate(timeout=300)
+    assert train.returncode == 0, output
+    measured = (out / "job" / "summary.json").read_bytes()
+    log = tmp_path / "job.log"
+    log.write_bytes((DATA / "megatron_lm_mixtral_issue756.log").read_bytes())
+    code, _, err = run_import(capsys, log, "--warmup", "0", out=out)
+    assert code == 2 and "is a run's summary; write elsewhere" in err
+    assert (out / "job" / "summary.json").read_bytes() == measured
 
 
 def test_a_summary_path_that_is_one_of_the_inputs_is_refused(tmp_path, capsys):
