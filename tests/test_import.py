@@ -670,6 +670,15 @@ def test_a_last_line_cut_while_being_written_is_not_read_as_a_step(tmp_path, cap
     assert code == 0 and steps_of(summary_of(tmp_path / "out", "whole"))[-1] == 73 and "line 6" not in err
 
 
+def test_a_log_whose_only_step_line_is_cut_says_so(tmp_path, capsys):
+    text = (DATA / "primus_safe_rank31of32.log").read_bytes()
+    cut = tmp_path / "running.log"
+    cut.write_bytes(text[:text.index(b"2701.3") + 2])  # `2701.3/2712.7` written as far as `27`
+    code, _, err = run_import(capsys, cut, "--seq-length", "4096", "--num-gpus", "32", out=tmp_path / "out")
+    assert code == 2
+    assert "its only step line, line 1 (the last), has no line break" in error_line(err, "running.log")
+
+
 def test_a_cut_nemo2_line_is_not_read_as_a_step(tmp_path, capsys):
     text = (DATA / "nemo2_qwen3_8b_timestamped.log").read_bytes()
     cut = tmp_path / "running.log"

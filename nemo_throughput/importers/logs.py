@@ -109,6 +109,9 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
                 cut_line = line.number  # its last number may be cut short: 5444.9 read as 54
                 continue
             reader.feed(line)
+    if not reader.log.steps and cut_line is not None:
+        raise ReportError(f"{path}: its only step line, line {cut_line} (the last), has no line break: its numbers may "
+                          "be cut short, so it is not read (import again once the log holds a whole step line)")
     if not reader.log.steps:
         raise ReportError(_no_steps_message(path, fmt))
     styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
