@@ -316,3 +316,13 @@ def test_a_sliding_window_model_needs_its_flops_given(tmp_path):
     run_bridge_loop(cfg, given)
     summary = json.loads(open(given.summary_path).read())
     assert summary["model"]["flops_per_sample"] == 9.4e13 and summary["model"]["flops_formula"] == "user"
+
+
+def test_impossible_bridge_settings_are_refused_before_the_first_step(tmp_path):
+    cfg = llama_like_config(steps=6)
+    cfg.train.global_batch_size, cfg.train.micro_batch_size = 6, 4
+    with pytest.raises(ValueError, match="global_batch_size 6 is not a positive multiple of micro_batch_size 4"):
+        run_bridge_loop(cfg, ThroughputCallback(output_dir=str(tmp_path / "batch")))
+    beyond = ThroughputCallback(output_dir=str(tmp_path / "window"), warmup_steps=1, profile_steps=(4, 8))
+    with pytest.raises(ValueError, match=r"ends after the run's last step 6: choose a window inside steps 2-6"):
+        run_bridge_loop(llama_like_config(steps=6), beyond)
