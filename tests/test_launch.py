@@ -356,6 +356,8 @@ def test_slurm_hostile_but_valid_values_stay_data(tmp_path):
     (["k8s", "--image", "nemo:1", "--", "python", "-u", "t.py"], "python's own option '-u' cannot be passed"),
     (["k8s", "--image", "nemo:1", "--", "python", "--nnodes=9", "t.py"], "python's own option '--nnodes=9'"),
     (["k8s", "--image", "nemo:1", "--", "python", "-m"], "`python -m` needs the module next"),
+    (["k8s", "--image", "nemo:1", "--", "python", "t.py", "--", "a"], "torchrun drops a `--` right after the script"),
+    (["k8s", "--image", "nemo:1", "--", "python", "-m", "train", "--"], "torchrun drops a `--`"),
     (["k8s", "--image", "nemo:1", "--", "python", "-m", "--nnodes=9", "train"], "`python -m` needs the module"),
     # issue 18: counts beyond what sbatch (C int) and Kubernetes (int32 replicas) take
     (["slurm", "--nodes", "2147483648", "--", "python", "t.py"], "--nodes 2147483648 is more than Slurm and"),
@@ -581,6 +583,20 @@ def test_kubernetes_args_and_label_reach_the_training_script_verbatim():
         args, env = _args_the_script_gets(manifest, replica)
         assert args == ["t.py", *DOLLAR_ARGS]
         assert env["NEMO_THROUGHPUT_RUN_LABEL"] == "run-$(NODE_NAME)"
+
+
+@pytest.mark.parametrize("command", [["python", "t.py", "a", "--", "b", "--nnodes=9"],
+                                     ["python", "-m", "train", "-u", "--", "x"], ["python", "t.py", "-m", "x", "--"]])
+def test_kubernetes_args_reach_the_script_through_torchruns_own_parser(command):
+    """torchrun's real argument parser, given what the pod script passes it: the script or module and its
+    arguments come back exactly (options and `--` after the first argument are the script's)."""
+    from torch.distributed.run import get_args_parser
+
+    job = KubernetesJob(command=["--", *command], image="nemo:1", job_name="demo")  # as the CLI passes it
+    args, _ = _args_the_script_gets(render_manifest(job))
+    parsed = get_args_parser().parse_args(["--nnodes=1", "--nproc-per-node=1", *args])
+    module = ["-m"] if parsed.module else []
+    assert ["python", *module, parsed.training_script, *parsed.training_script_args] == command
 
 
 def test_kubernetes_expand_env_leaves_references_to_the_kubelet_and_torchrun():

@@ -130,6 +130,10 @@ def _check_torchrun_target(args: list[str]) -> None:
         raise LaunchError(f"python's own option {args[0]!r} cannot be passed: torchrun starts the training "
                           "processes (as `python -u <script>`) and would read it as its own; give the script or "
                           "`-m module` right after `python` (python's options have PYTHON* environment variables)")
+    after_target = args[2:3] if args[0] == "-m" else args[1:2]
+    if after_target == ["--"]:  # argparse ends torchrun's options there and drops it
+        raise LaunchError("torchrun drops a `--` right after the script or module: the script would not get it; "
+                          "pass the arguments without it or start them with another argument")
 
 
 def _dollars_escaped(text: str) -> str:
