@@ -168,7 +168,7 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         steps=[[s.step, s.seconds] for s in valid],
         excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]},
         per_rank_step_time_s=None, per_rank_local_time_s=None, slowest_rank=None, straggler=None)
-    notes = _notes(read, bad) + _window_notes(read, valid, measured, window)
+    notes = _notes(read, bad) + _window_notes(read, valid, measured, window) + _above_peak_notes(facts, summary)
     if tokens_checked:
         notes.append(f"the log's own tokens/s per GPU agree with --seq-length {seq_length} and --num-gpus {num_gpus} "
                      f"({tokens_checked} line(s) checked)")
@@ -206,6 +206,16 @@ def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
         notes.append(f"warning: {len(bad)} step time(s) left out, not positive finite numbers: {listed}"
                      + (" ..." if len(bad) > MAX_LISTED else ""))
     return notes
+
+
+def _above_peak_notes(facts: RunFacts, summary: dict[str, Any]) -> list[str]:
+    """The callback's warning for an MFU above 100 % (reported as null), as an import note."""
+    above_peak = summary["throughput"].get("mfu_above_peak")
+    if above_peak is None:
+        return []
+    from nemo_throughput.measurement import mfu_above_peak_warning  # torch: loaded by now, not at --help
+
+    return ["warning: " + mfu_above_peak_warning(facts, above_peak).removeprefix("nemo-throughput: ")]
 
 
 def _window_notes(read: ReadLog, valid: list[Step], measured: list[Step], window: Window | None) -> list[str]:
