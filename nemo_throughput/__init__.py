@@ -5,43 +5,39 @@ throughput, summary, environment, config) <- adapters (Lightning callback, NeMo 
 Hydra glue) <- entry points (cli, demo, conf/ groups).
 """
 
+import importlib
 import logging
-
-from nemo_throughput.config import ThroughputConfig
-from nemo_throughput.flops import FORMULAS, ModelSpec, model_flops_per_sample
-from nemo_throughput.hardware import peak_tflops
-from nemo_throughput.summary import SCHEMA, read_summary
-from nemo_throughput.throughput import Workload, mfu
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "FORMULAS",
-    "SCHEMA",
-    "ModelSpec",
-    "ThroughputCallback",
-    "ThroughputConfig",
-    "Workload",
-    "mfu",
-    "nemo_callback",
-    "model_flops_per_sample",
-    "peak_tflops",
-    "read_summary",
-]
-
+# Public name -> the module that defines it, imported on first use: `import nemo_throughput` (the CLI,
+# Lightning's callbacks_factory entry point) loads neither torch nor Lightning until a name needs them.
+_MODULE_OF = {
+    "FORMULAS": "nemo_throughput.flops",
+    "SCHEMA": "nemo_throughput.summary",
+    "ModelSpec": "nemo_throughput.flops",
+    "ThroughputCallback": "nemo_throughput.adapters.lightning",
+    "ThroughputConfig": "nemo_throughput.config",
+    "Workload": "nemo_throughput.throughput",
+    "mfu": "nemo_throughput.throughput",
+    "nemo_callback": "nemo_throughput.adapters.nemo",
+    "model_flops_per_sample": "nemo_throughput.flops",
+    "peak_tflops": "nemo_throughput.hardware",
+    "read_summary": "nemo_throughput.summary",
+}
+__all__ = list(_MODULE_OF)
 
 
 def __getattr__(name: str):
-    # Imported on first use so that the torch-only core works without Lightning installed.
-    if name == "ThroughputCallback":
-        from nemo_throughput.adapters.lightning import ThroughputCallback
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
-        return ThroughputCallback
-    if name == "nemo_callback":
-        from nemo_throughput.adapters.nemo import nemo_callback
 
-        return nemo_callback
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 class _StderrUntilTheAppConfiguresLogging(logging.StreamHandler):

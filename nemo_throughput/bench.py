@@ -32,12 +32,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from omegaconf import OmegaConf
-
-from nemo_throughput.adapters.nemo import padded_vocab_size
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.outputs import check_output_file
+
+# torch, Lightning and OmegaConf are imported in the functions that use them: `nemo-throughput --help`
+# and the other subcommands register this one's options without loading them.
 
 SIZES = {
     # CPU-sized: about 0.1 s a step on two cores
@@ -120,6 +119,8 @@ class SyncCounter:
         return self.implicit + self.explicit
 
     def __enter__(self) -> SyncCounter:
+        import torch
+
         if not SyncCounter._active:
             self._patch()
         self._previous_mode = torch.cuda.get_sync_debug_mode()
@@ -131,6 +132,8 @@ class SyncCounter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        import torch
+
         torch.cuda.set_sync_debug_mode(self._previous_mode)
         SyncCounter._active.remove(self)
         implicit = sum(SYNC_WARNING in str(w.message) for w in self._caught)
@@ -143,6 +146,8 @@ class SyncCounter:
 
     @classmethod
     def _patch(cls) -> None:
+        import torch
+
         targets = {"torch.cuda.synchronize": torch.cuda, "torch.cuda.Stream.synchronize": torch.cuda.Stream,
                    "torch.cuda.Event.synchronize": torch.cuda.Event}
         for label, owner in targets.items():
@@ -158,6 +163,8 @@ class SyncCounter:
 
     @classmethod
     def _counted(cls, original: Any, label: str) -> Any:
+        import torch
+
         def counted(*args: Any, **kwargs: Any) -> Any:
             active = cls._active
             if not active:
@@ -229,6 +236,8 @@ class WindowClock:
         step = trainer.global_step
         if step in (self.first, self.last) and step not in self.times:
             if self.cuda:
+                import torch
+
                 torch.cuda.synchronize()
             self.times[step] = time.perf_counter()
 
@@ -303,6 +312,8 @@ def resolve_device(device: str) -> str:
     """"auto" -> "cuda" when torch sees a GPU, else "cpu"; "cuda" without one is an error that says why."""
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {list(DEVICES)}")
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -314,6 +325,10 @@ def resolve_device(device: str) -> str:
 def run_bench(size: str | None = None, steps: int = 60, window: tuple[int, int] | None = None, rounds: int = 3,
               conditions: tuple[str, ...] = CONDITIONS, namespace: str | None = None, progress: Any = print,
               device: str = "auto", micro_batch_size: int | None = None, count_syncs: bool = True) -> dict[str, Any]:
+    import torch
+
+    from nemo_throughput.adapters.nemo import padded_vocab_size
+
     cuda = resolve_device(device) == "cuda"
     size = size or ("gpt3-126m" if cuda else "cpu")
     namespace = namespace or _default_namespace()
@@ -364,7 +379,8 @@ def run_bench(size: str | None = None, steps: int = 60, window: tuple[int, int] 
 
 def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: int, namespace: str, cuda: bool,
            record: Condition | None = None, count_syncs: bool = False) -> None:
-    # Lightning is imported here, on use: the other subcommands need not pay for it.
+    import torch
+
     from nemo_throughput.adapters.lightning import ThroughputCallback
     from nemo_throughput.demo.gpt import gpt_module_class
 
@@ -457,6 +473,8 @@ def _record_syncs(record: Condition, timed: TimedHooks | None, step_syncs: StepS
 
 
 def _cuda_device_info() -> dict[str, Any]:
+    import torch
+
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {"name": torch.cuda.get_device_name(), "driver": _nvidia_driver_version(), "cuda": torch.version.cuda,
             "capability": f"{props.major}.{props.minor}", "memory_gib": round(props.total_memory / 2**30, 1),
@@ -549,6 +567,8 @@ def _model_cfg(size: str, micro_batch_size: int | None = None) -> Any:
     if micro_batch_size is not None:
         shape["micro_batch_size"] = micro_batch_size
     vocab = shape.pop("vocab_size")
+    from omegaconf import OmegaConf
+
     return OmegaConf.create({
         **shape, "global_batch_size": shape["micro_batch_size"], "tensor_model_parallel_size": 1,
         "pipeline_model_parallel_size": 1, "num_query_groups": None, "activation": "gelu",

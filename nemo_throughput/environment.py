@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-import torch
-
 from nemo_throughput.redact import redact_command, redact_env, redact_url_credentials
 
 ORCHESTRATORS = ("slurm", "kubernetes", "torchrun", "local")
@@ -75,6 +73,8 @@ def rank_record(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
 def gpu_index(env: Mapping[str, str] = os.environ) -> int | None:
     """The GPU this process uses as the node numbers it (nvidia-smi's index): torch's current
     device mapped through CUDA_VISIBLE_DEVICES; None without CUDA, or when that lists UUIDs."""
+    import torch  # in the functions, not at the top: `nemo-throughput import` starts without torch
+
     if not torch.cuda.is_available():
         return None
     logical = torch.cuda.current_device()
@@ -95,6 +95,8 @@ def gpus_per_node(env: Mapping[str, str] = os.environ) -> int | None:
         value = env.get(key, "")
         if value.split("(")[0].isdigit():  # Slurm writes e.g. "8(x2)"
             return int(value.split("(")[0])
+    import torch
+
     return torch.cuda.device_count() or None
 
 
@@ -105,6 +107,8 @@ def library_versions() -> dict[str, str]:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
+    import torch
+
     if torch.version.cuda:
         versions["cuda"] = torch.version.cuda
         if torch.cuda.is_available():

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,8 @@ def dtype_for_precision(precision: str | int | None, *, fp8: bool = False) -> st
     if text.startswith("16") or "float16" in text:
         return "fp16"
     if text.startswith("32") or text in ("none", ""):
+        import torch  # here, not at the top: the CLI reads this table without loading torch
+
         return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
     return None
 
@@ -115,5 +119,7 @@ def dtype_for_precision(precision: str | int | None, *, fp8: bool = False) -> st
 def device_name(device: torch.device) -> str:
     """The driver's name for ``device`` ("NVIDIA H100 80GB HBM3"), or "cpu"."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(device)
     return device.type

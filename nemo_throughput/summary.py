@@ -15,13 +15,15 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nemo_throughput.aggregation import RunStats
 from nemo_throughput.config import check_positive_number
 from nemo_throughput.flops import CAUSAL_ATTENTION, FLOPS_FORMULAS, MEASURED, ModelSpec, require_positive_int
 from nemo_throughput.throughput import RATES, Workload
 from nemo_throughput.timing import PHASE_TIMES
+
+if TYPE_CHECKING:
+    from nemo_throughput.aggregation import RunStats  # torch: not loaded to read or check a summary
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,10 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 START, BACKWARD, OPTIMIZER = "start", "backward", "optimizer"  # marks inside a step
 PHASE_TIMES = ("data_s", "forward_s", "backward_s", "optimizer_s")  # durations between the marks
@@ -63,8 +64,13 @@ class HostClock:
 class CudaClock:
     """CUDA events on the current stream. ``mark`` enqueues; nothing here blocks but ``wait``."""
 
+    def __init__(self) -> None:
+        import torch  # here, not at the top (nor in mark, every step): summaries and the CLI load no torch
+
+        self._new_event = torch.cuda.Event
+
     def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._new_event(enable_timing=True)
         event.record()
         return event
 

@@ -30,8 +30,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 log = logging.getLogger(__name__)
 
 TRANSPORT_ENV_PREFIXES = ("NCCL_", "GLOO_", "UCX_")  # TORCH_NCCL_* tune torch's watchdog, not the transport
@@ -223,6 +221,8 @@ def _read_debug_file(path: Path) -> list[str] | None:
 
 
 def _nccl_version_from_torch() -> str | None:
+    import torch  # here, not at the top: `nemo-throughput import` reads logs without torch
+
     try:
         if not (torch.version.cuda and torch.cuda.is_available()):
             return None

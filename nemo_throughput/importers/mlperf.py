@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_throughput.aggregation import RunStats
 from nemo_throughput.report.runs import ReportError
 from nemo_throughput.report.safe_text import printable
 from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
@@ -373,6 +372,8 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     )
     status, error = _status(result)
     notes += _notes(result, error)
+    from nemo_throughput.aggregation import RunStats  # torch: only for a result being imported
+
     summary = build_summary(facts, RunStats(world_size=1, warmup_steps=0), status, error)
     summary["batch"]["global_batch_size"] = batch if facts.global_batch_size == batch else None
     summary["model"]["flops_formula"] = summary["model"]["mfu_convention"]["formula"] = None  # not in the log
