@@ -119,3 +119,18 @@ def test_every_time_the_launcher_accepts_sbatch_accepts(cluster, tmp_path, time)
     result = subprocess.run(["sbatch", "--test-only", option, str(job)], env=cluster.env, capture_output=True,
                             text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_template_by_hand_refuses_a_command_that_starts_with_an_option(cluster, tmp_path):
+    """`sbatch benchmark.sbatch --nodes=2 python ...`: srun would have taken --nodes=2 as its own."""
+    from nemo_throughput.launch.slurm import TEMPLATE
+
+    ran = tmp_path / "ran"
+    result = subprocess.run(["sbatch", f"--output={tmp_path}/slurm-%j.out", "--nodes=1", "--time=5", str(TEMPLATE),
+                             "--nodes=2", sys.executable, "-c", f"open({str(ran)!r}, 'w')"],
+                            env=cluster.env, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    job_id = re.search(r"Submitted batch job (\d+)", result.stdout).group(1)
+    assert cluster.wait_for_job(job_id, timeout_s=120) == "FAILED"
+    log = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert "the training command starts with the option '--nodes=2'" in log and not ran.exists()
