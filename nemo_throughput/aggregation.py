@@ -146,25 +146,30 @@ class Exchange:
 
     def start(self, steps: list[StepTimes], extras: list[float] | None = None) -> Gathered:
         self._sent.append(steps)
-        payload = torch.cat([steps_tensor([steps]).reshape(-1), self._extras_tensor(extras)])
+        # One flat list, one tensor: this runs on the training thread at every log step.
+        values = [number for s in steps for number in (float(s.step), *s.to_floats())]
+        payload = torch.tensor(values + self._extras_list(extras), dtype=torch.float64)
         if not self.distributed:
             return Gathered(lambda: payload.reshape(1, -1), self.extras_width)
         if self.nccl:
             return self._start_nccl(payload)
-        outputs = [torch.empty_like(payload) for _ in range(self.world_size)]
-        work = dist.all_gather(outputs, payload, async_op=True)
+        gathered = torch.empty((self.world_size, payload.numel()), dtype=torch.float64)
+        work = dist.all_gather(list(gathered.unbind(0)), payload, async_op=True)  # into rows of one tensor
 
         def wait() -> torch.Tensor:
             work.wait()
-            return torch.stack(outputs)
+            return gathered
 
         return Gathered(wait, self.extras_width)
 
-    def _extras_tensor(self, extras: list[float] | None) -> torch.Tensor:
+    def _extras_list(self, extras: list[float] | None) -> list[float]:
         values = [math.nan] * self.extras_width if extras is None else extras
         if len(values) != self.extras_width:
             raise ValueError(f"Expected {self.extras_width} per-rank values, got {len(values)}")
-        return torch.tensor(values, dtype=torch.float64)
+        return values
+
+    def _extras_tensor(self, extras: list[float] | None) -> torch.Tensor:
+        return torch.tensor(self._extras_list(extras), dtype=torch.float64)
 
     def _start_nccl(self, payload: torch.Tensor) -> Gathered:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -281,7 +286,7 @@ class RunStats:
         self.excluded = excluded
         self.skipped: set[int] = set()
         self.last_step: int | None = None
-        self._sorted: list[float] = []  # global step times, kept sorted for the percentiles
+        self._sorted = SortedValues()  # global step times, for the percentiles
         self._mean = 0.0  # running mean and sum of squared deviations (Welford)
         self._m2 = 0.0
         # Per rank and column of _TOTALS: sum over measured steps, and how many steps observed it.
@@ -326,7 +331,7 @@ class RunStats:
         keep = torch.tensor([self.is_measured(n) for n in step_numbers])
         measured = values[:, keep]
         for value in global_s[keep].tolist():
-            bisect.insort(self._sorted, value)
+            self._sorted.add(value)
             delta = value - self._mean
             self._mean += delta / len(self._sorted)
             self._m2 += delta * (value - self._mean)
@@ -373,7 +378,7 @@ class RunStats:
             "mean": self._mean,
             "median": _percentile(times, 50),
             "min": times[0],
-            "max": times[-1],
+            "max": times[len(times) - 1],
             "p90": _percentile(times, 90),
             "std": math.sqrt(self._m2 / (len(times) - 1)) if len(times) > 1 else 0.0,
         }
@@ -417,7 +422,46 @@ class RunStats:
         }
 
 
-def _percentile(ordered: list[float], pct: float) -> float:
+class SortedValues:
+    """Floats kept in order, in chunks: adding one costs the same after 100 steps as after
+    1,000,000 (one sorted list would move all the larger values on every insertion)."""
+
+    CHUNK = 512  # a chunk is split in two when it reaches twice this
+
+    def __init__(self) -> None:
+        self._chunks: list[list[float]] = []
+        self._maxes: list[float] = []  # each chunk's largest value
+        self._length = 0
+
+    def add(self, value: float) -> None:
+        self._length += 1
+        if not self._chunks:
+            self._chunks.append([value])
+            self._maxes.append(value)
+            return
+        index = min(bisect.bisect_left(self._maxes, value), len(self._chunks) - 1)
+        chunk = self._chunks[index]
+        bisect.insort(chunk, value)
+        self._maxes[index] = chunk[-1]
+        if len(chunk) >= 2 * self.CHUNK:
+            self._chunks[index:index + 1] = [chunk[:self.CHUNK], chunk[self.CHUNK:]]
+            self._maxes[index:index + 1] = [chunk[self.CHUNK - 1], chunk[-1]]
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, position: int) -> float:
+        """The value at ``position`` (0: the smallest) in the order."""
+        if not 0 <= position < self._length:
+            raise IndexError(position)
+        for chunk in self._chunks:
+            if position < len(chunk):
+                return chunk[position]
+            position -= len(chunk)
+        raise IndexError(position)
+
+
+def _percentile(ordered: list[float] | SortedValues, pct: float) -> float:
     """Linear interpolation between closest ranks (numpy's default method) of sorted values."""
     position = (len(ordered) - 1) * pct / 100.0
     lower = math.floor(position)

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import free_port
-from nemo_throughput.aggregation import Exchange, RunStats, step_times, steps_tensor
+from nemo_throughput.aggregation import Exchange, RunStats, SortedValues, step_times, steps_tensor
 from nemo_throughput.timing import StepTimes
 
 
@@ -146,3 +146,18 @@ def test_a_long_run_on_many_ranks_accumulates_correctly():
     stats.add(torch.cat([interval[:, :, :1] + 50_000, interval[:, :, 1:]], dim=2))  # steps 50,001-50,010
     assert stats.steps_measured == 50_010
     assert stats.step_time_summary()["median"] == 1.0
+
+
+def test_sorted_values_keep_order_across_chunk_splits(monkeypatch):
+    monkeypatch.setattr(SortedValues, "CHUNK", 3)  # many splits from few values
+    values = [(i * 7919 % 1009) / 7 for i in range(2000)] + [5.0] * 50  # ties too
+    ordered = SortedValues()
+    for value in values:
+        ordered.add(value)
+    assert len(ordered) == len(values) and [ordered[i] for i in range(len(values))] == sorted(values)
+    with pytest.raises(IndexError):
+        ordered[len(values)]
+    stats = RunStats(world_size=1, warmup_steps=0)
+    stats.add(steps_tensor([rank_steps(1, values)]))
+    assert stats.step_time_summary()["median"] == pytest.approx(sorted(values)[len(values) // 2 - 1] / 2
+                                                                 + sorted(values)[len(values) // 2] / 2)
