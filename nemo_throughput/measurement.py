@@ -9,7 +9,10 @@ target, the summary file, and the end of the run (SIGTERM, final exchange, rank 
 
 Hot path (every step): one clock mark per event, nothing read. Log step (every
 ``log_every_n_steps``): collect the previous steps, sample this rank's telemetry, start their
-all-gather, finish the one started on the last log step, log it and rewrite the summary (rank 0).
+all-gather, take the one started on the last log step, and hand it to the reporting thread
+(:class:`~nemo_throughput.background.OrderedWorker`), which folds it into the statistics, logs it,
+appends steps.jsonl and rebuilds the running summary; the loggers get its metrics at the next log
+step, on the training thread. The end of the run drains that thread before its final exchange.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -27,6 +31,7 @@ import torch.distributed as dist
 
 from nemo_throughput import environment
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, Interval, RunStats, step_times
+from nemo_throughput.background import OrderedWorker
 from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
@@ -75,6 +80,8 @@ class Measurement:
         self._exchange: Exchange | None = None
         self._explain: RunExplanation | None = None
         self._in_flight: Gathered | None = None
+        self._reporter: OrderedWorker | None = None  # made at train start (a callback may be pickled before)
+        self._to_log: deque[tuple[dict[str, float], int]] = deque()  # the reporter's, for the loggers
         self._flop_counter: StepFlopCounter | None = None  # flops_formula measured, until the first step ends
         self.time_to_target: TimeToTarget | None = None  # target set: the run clock
         self._mllog: MLPerfLog | None = None  # mllog on, rank 0
@@ -146,6 +153,9 @@ class Measurement:
         if self.facts.flops_formula == MEASURED and self.facts.flops_per_sample is None:
             self._flop_counter = StepFlopCounter()
         self._update_summary()
+        if self._reporter is not None:
+            self._reporter.close()
+        self._reporter = OrderedWorker("nemo-throughput-report")
         self._timer.anchor()
 
     def watch_sigterm(self) -> None:
@@ -206,9 +216,28 @@ class Measurement:
         steps, extras = self._timer.collect(step - 1), self._explain.sample(step)
         finished, self._in_flight = self._in_flight, self._exchange.start(steps, extras)
         if finished is not None:
-            self._absorb(*finished.wait())
-        self._update_summary()
+            gathered = finished.wait()
+            self._reporter.submit(lambda: self._report(*gathered))
+        self._log_pending()
         return vote
+
+    def _report(self, steps: torch.Tensor, extras: torch.Tensor) -> None:
+        """On the reporting thread: one interval into the statistics, the log, the summary."""
+        self._absorb(steps, extras)
+        self._update_summary()
+
+    def _log_pending(self) -> None:
+        """The loggers' calls, on the training thread (loggers need not be thread-safe)."""
+        while self._to_log:
+            metrics, step = self._to_log.popleft()
+            self._log_metrics(metrics, step)
+
+    def _drain_reporter(self, raise_error: bool) -> None:
+        """Wait for the reporting thread to take every interval handed over; then log them."""
+        error = self._reporter.drain(raise_error=raise_error)
+        if error is not None:
+            log.error("nemo-throughput: reporting an interval failed (%s: %s)", type(error).__name__, error)
+        self._log_pending()
 
     def _count_flops_from_here(self, steps_done: int) -> None:
         """First micro-batch of the run's first step: start counting; later ones of it: a new forward."""
@@ -289,6 +318,7 @@ class Measurement:
             return
         self._stop_counting_flops()
         self._stop_run_clock(steps_done)
+        self._drain_reporter(raise_error=True)
         self._finish("completed", None, self._flush(wait_for_device=True).missing)
 
     def exception(self, steps_done: int, exception: BaseException) -> None:
@@ -301,6 +331,8 @@ class Measurement:
         interrupted = sigterm or isinstance(exception, (KeyboardInterrupt, SystemExit))
         status = "interrupted" if interrupted else "failed"
         error = f"{type(exception).__name__}: {exception}"
+        # Never raise from here: the run's own error must not be replaced with ours.
+        self._drain_reporter(raise_error=False)
         if sigterm and not isinstance(exception, SystemExit):  # Lightning's SIGTERMException is one
             error += " (after SIGTERM)"
         several_ranks = self._exchange.world_size > 1
@@ -331,6 +363,7 @@ class Measurement:
         final = self._exchange.finish(pending, self._absorbed_through(), interrupted, extras)
         for interval in final.intervals():
             self._absorb(interval)
+        self._log_pending()
         if final.extras is not None:
             self._explain.absorb(final.extras, measured=self.stats.is_measured(self._last_step))
         if final.missing is not None:
@@ -356,7 +389,7 @@ class Measurement:
             logged = {f"throughput/{k}": v for k, v in metrics.items() if v is not None}
             logged["throughput/step_time_s"] = interval.step_time_s
             logged["throughput/slowest_rank"] = interval.slowest_rank
-            self._log_metrics(logged, interval.last_step)
+            self._to_log.append((logged, interval.last_step))
         if self.facts.steps_jsonl and self.facts.steps_jsonl["complete"]:
             self._append_steps(steps)
 

@@ -6,6 +6,7 @@ raises, so a passing test shows the timer never reads unfinished work; the acces
 it touches no mark at all on steps that are not log steps.
 """
 
+import threading
 import time
 
 import pytest
@@ -211,3 +212,51 @@ def test_the_first_measured_live_figures_leave_the_warmup_steps_out(tmp_path):
         counted = [by_step[s]["step_time_s"] for s in range(first, last + 1) if s > warmup_steps]
         assert step_time_s == pytest.approx(sum(counted) / len(counted), rel=1e-12), (first, last)
         first = last + 1
+
+
+def test_log_steps_hand_the_reporting_to_its_thread_and_the_end_loses_nothing(tmp_path):
+    """A real Lightning fit, every step a log step: the live lines are written by the reporting
+    thread, not the training thread, and at the end every step is in the lines, steps.jsonl and the
+    summary (the end drains the thread before the final exchange)."""
+    import json
+    import logging
+
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.records = []
+
+        def emit(self, record):
+            if record.getMessage().startswith("[throughput]"):
+                self.records.append(record)
+
+    lines, package_log = Lines(), logging.getLogger("nemo_throughput")
+    level = package_log.level
+    package_log.addHandler(lines)
+    package_log.setLevel(logging.INFO)
+    try:
+        callback = ThroughputCallback(log_every_n_steps=1, warmup_steps=1, output_dir=tmp_path, per_step_jsonl=True,
+                                      model_name="tiny")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=30, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                             default_root_dir=tmp_path)
+        trainer.fit(DemoGPT(tiny_gpt_cfg()))
+    finally:
+        package_log.removeHandler(lines)
+        package_log.setLevel(level)
+
+    training_thread = threading.main_thread().name
+    threads = [record.threadName for record in lines.records]
+    # each exchange is read one log step late; the end (on the training thread) takes the last two
+    assert threads[:-2] == ["nemo-throughput-report"] * (len(threads) - 2) and len(threads) == 30
+    assert threads[-2:] == [training_thread] * 2
+    rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, 31))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["timing"]["steps_measured"] == 29

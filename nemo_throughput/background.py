@@ -1,0 +1,72 @@
+"""One worker thread that runs a run's reporting off the training thread, in order.
+
+A log step hands it what arrived from the other ranks and returns; the worker folds it into
+the statistics, writes the log line, steps.jsonl and the running summary. ``drain`` waits until
+everything handed over is done: the end of a run (completed, failed, SIGTERM) drains before its
+final exchange, so nothing handed over is lost. An error in a task is raised on the training
+thread at the next ``submit`` or ``drain``, as it would have been had the task run there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+
+class OrderedWorker:
+    """Runs submitted callables one at a time, in submission order, on a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self._tasks: deque[Callable[[], None]] = deque()
+        self._busy = False
+        self._error: BaseException | None = None
+        self._closed = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, task: Callable[[], None]) -> None:
+        """Queue ``task``; raises the error of an earlier task, if one failed."""
+        self._raise_error()
+        with self._changed:
+            self._tasks.append(task)
+            self._changed.notify_all()
+
+    def drain(self, raise_error: bool = True) -> BaseException | None:
+        """Wait until every task submitted so far has run. Returns (or raises) a task's error."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._tasks and not self._busy)
+        if raise_error:
+            self._raise_error()
+        error, self._error = self._error, None
+        return error
+
+    def close(self) -> None:
+        """Let the thread end once its tasks are done (it does not wait for them)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._tasks) or self._closed)
+                if not self._tasks:
+                    return
+                task = self._tasks.popleft()
+                self._busy = True
+            try:
+                if self._error is None:  # after a failure, later tasks would build on a broken state
+                    task()
+            except BaseException as error:  # noqa: BLE001 - handed to the training thread
+                self._error = error
+            finally:
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()

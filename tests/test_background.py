@@ -1,0 +1,47 @@
+"""The reporting thread: tasks in order, drained at the end, errors raised on the caller's thread."""
+
+import threading
+import time
+
+import pytest
+
+from nemo_throughput.background import OrderedWorker
+
+
+def test_tasks_run_in_order_off_the_caller_thread_and_drain_waits_for_all():
+    worker = OrderedWorker("test-worker")
+    done, threads = [], set()
+
+    def task(i):
+        time.sleep(0.001 * (i % 3))  # uneven tasks: order must not depend on their length
+        threads.add(threading.current_thread().name)
+        done.append(i)
+
+    for i in range(50):
+        worker.submit(lambda i=i: task(i))
+    assert worker.drain() is None
+    assert done == list(range(50)) and threads == {"test-worker"}
+    worker.close()
+
+
+def fail(message):
+    raise RuntimeError(message)
+
+
+def test_an_error_in_a_task_reaches_the_caller_and_later_tasks_do_not_run_on_a_broken_state():
+    worker = OrderedWorker("test-worker")
+    ran = []
+    worker.submit(lambda: fail("ranks disagree"))
+    worker.submit(lambda: ran.append("after"))
+    error = worker.drain(raise_error=False)  # the end of a failed run: reported, not raised
+    assert isinstance(error, RuntimeError) and str(error) == "ranks disagree" and ran == []
+    worker.submit(lambda: fail("again"))
+    with pytest.raises(RuntimeError, match="again"):
+        worker.drain()
+    worker.submit(lambda: fail("at the next submit"))
+    deadline = time.monotonic() + 10
+    while worker._error is None and time.monotonic() < deadline:  # the task ran and failed
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError, match="at the next submit"):
+        worker.submit(lambda: None)
+    worker.close()
