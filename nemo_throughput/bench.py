@@ -374,6 +374,7 @@ def run_bench(size: str | None = None, steps: int = 60, window: tuple[int, int] 
                           if cuda and count_syncs else None),
         "versions": {"torch": torch.__version__, namespace: importlib.import_module(namespace).__version__},
         "conditions": [results[name].result(baseline) for name in conditions],
+        "ratios": _ratios(results),
     }
 
 
@@ -453,6 +454,19 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
         record.measured_s.append(1 / measured.last(key))
     elif name == "nemo-timing-callback":
         record.measured_s.append(statistics.fmean(measured.at("train_step_timing in s", window_steps)))
+
+
+def _ratios(results: dict[str, Condition]) -> dict[str, float | None]:
+    """Side by side in this run: our host time per step against ThroughputMonitor's, and our log
+    step's against our ordinary step's (None where a condition did not run)."""
+    def median(name: str, attribute: str) -> float | None:
+        values = getattr(results[name], attribute) if name in results else []
+        return statistics.median(values) if values else None
+
+    ours, monitor = median("nemo-throughput", "hook_us_mean"), median("lightning-throughput-monitor", "hook_us_mean")
+    log_step, non_log = median("nemo-throughput", "hook_us_log"), median("nemo-throughput", "hook_us_non_log")
+    return {"hooks_per_step_vs_throughput_monitor": ours / monitor if ours is not None and monitor else None,
+            "log_step_vs_non_log_step": log_step / non_log if log_step is not None and non_log else None}
 
 
 def _record_syncs(record: Condition, timed: TimedHooks | None, step_syncs: StepSyncs, window_steps: range,
@@ -616,6 +630,12 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
         "each kind of step; syncs/step: host-device synchronizations in a whole step, and in the tool's own hooks",
         "(CUDA only: one extra untimed trial per condition).",
     ]
+    ratios = result.get("ratios") or {}
+    if ratios.get("hooks_per_step_vs_throughput_monitor") is not None:
+        lines += ["", f"ratios in this run: nemo-throughput's hooks/step = "
+                      f"{ratios['hooks_per_step_vs_throughput_monitor']:.2f} x ThroughputMonitor's"
+                      + (f"; its log step = {ratios['log_step_vs_non_log_step']:.0f} x its non-log step"
+                         if ratios.get("log_step_vs_non_log_step") is not None else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -654,10 +674,15 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--no-sync-count", action="store_true", help="skip the CUDA synchronization-count trials")
     bench.add_argument("--format", choices=("table", "json"), default="table")
     bench.add_argument("--output", help="also write the JSON result to this file")
+    bench.add_argument("--ranks", help="instead of the trials: the host cost of a log step and of an ordinary step "
+                                       "at these numbers of gloo ranks (CPU processes, e.g. 2,4,8), at 100, 1,000 "
+                                       "and 10,000 steps done")
     bench.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.ranks:
+        return _run_log_step_command(args)
     try:
         window = tuple(int(part) for part in args.window.split(":")) if args.window else None
         if window is not None and len(window) != 2:
@@ -678,4 +703,23 @@ def run_command(args: argparse.Namespace) -> int:
         with open(args.output, "w") as f:
             f.write(render(result, "json") + "\n")
     print(render(result, args.format), end="")
+    return 0
+
+
+def _run_log_step_command(args: argparse.Namespace) -> int:
+    """``--ranks``: the log-step bench (nemo_throughput.log_step_bench) instead of the trials."""
+    from nemo_throughput.log_step_bench import parse_ranks, render_log_step, run_log_step_bench
+
+    try:
+        ranks = parse_ranks(args.ranks)
+        if args.output:
+            check_output_file(args.output, "--output")
+    except ValueError as error:
+        print(f"nemo-throughput bench: {error}", file=sys.stderr)
+        return 2
+    result = run_log_step_bench(ranks, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2) + "\n" if args.format == "json" else render_log_step(result), end="")
     return 0

@@ -109,7 +109,9 @@ class StepTimes:
         return self.data_s + self.forward_s
 
     def to_floats(self) -> list[float]:
-        return [math.nan if getattr(self, name) is None else float(getattr(self, name)) for name in self.VALUES]
+        # The fields named, not looked up by name: this runs for every step on log steps.
+        values = (self.step_s, self.data_s, self.forward_s, self.backward_s, self.optimizer_s)
+        return [math.nan if value is None else float(value) for value in values]
 
     @classmethod
     def from_floats(cls, step: int, values: list[float]) -> StepTimes:
@@ -177,9 +179,8 @@ class StepTimer:
         return collected
 
     def _read(self, s: _RecordedStep) -> StepTimes:
-        seconds = self.clock.seconds
-        start, backward, optimizer = (s.marks.get(m) for m in (START, BACKWARD, OPTIMIZER))
-        chain = [s.anchor, start, backward, optimizer, s.end]
+        seconds, marks = self.clock.seconds, s.marks
+        chain = (s.anchor, marks.get(START), marks.get(BACKWARD), marks.get(OPTIMIZER), s.end)
         # Each phase is measured between the marks that bound it; a missing mark leaves it None.
         phases = [
             seconds(a, b) if a is not None and b is not None else None
