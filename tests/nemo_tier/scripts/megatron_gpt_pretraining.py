@@ -11,7 +11,7 @@ CPU-only workarounds, each as narrow as it gets (none touches nemo-throughput):
   before training, so the flag is set.
 - NeMo builds the model in __init__ on a CPU accelerator, where megatron-core 0.14 layers need
   the parallel groups that NLPDDPStrategy would create at fit time: a one-process gloo group
-  and `parallel_state.initialize_model_parallel()` stand in.
+  and `parallel_state.initialize_model_parallel()` stand in (made once per process).
 - NeMo 2.5.0's `get_specs` builds every layer spec eagerly, Transformer Engine's too: the
   local (non-TE) spec is used, as NeMo does when transformer_engine=False.
 - build_model imports one helper from Apex; megatron-core has the same function.
@@ -21,7 +21,7 @@ CPU-only workarounds, each as narrow as it gets (none touches nemo-throughput):
 import os
 
 import torch
-from megatron.core import parallel_state
+from megatron.core import num_microbatches_calculator, parallel_state
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel import layers as mcore_layers
 from nemo.collections.nlp.models.language_modeling import megatron_gpt_model
@@ -41,8 +41,14 @@ def cpu_workarounds() -> None:
         mcore_layers.set_defaults_if_not_set_tensor_model_parallel_attributes)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
+    # once per process: the tests run several jobs of this script in one interpreter
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel()
+    # NeMo sets Megatron's microbatch calculator (a process global) once per process and then
+    # only checks the next job's batch sizes against it: each job starts as a fresh process would.
+    num_microbatches_calculator.unset_num_microbatches_calculator()
 
 
 @hydra_runner(config_path="../conf", config_name="megatron_gpt_config")
