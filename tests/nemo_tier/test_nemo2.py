@@ -1,15 +1,29 @@
 """NeMo 2: a real recipe with `nemo_callback(...)` appended, `llm.pretrain` up to the GPU it
 lacks, NeMo's MegatronStrategy layout, and the NeMo-Run CLI in --dryrun."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from nemo_scripts import run_nemo_script
+from nemo_scripts import NEMO_CLI, Run, run_dir, run_in_one_process
 from nemo_throughput import ThroughputCallback, nemo_callback
+
+
+def nemo_cli(name: str, *args: str) -> Run:
+    """`nemo llm pretrain --factory llama3_8b ARGS --dryrun -y`, NeMo-Run's CLI, as the shell runs it."""
+    return Run(name, NEMO_CLI, ["llm", "pretrain", "--factory", "llama3_8b", *args, "--dryrun", "-y"])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The runs of this module that need a NeMo program of their own, in one interpreter."""
+    base = tmp_path_factory.mktemp("nemo2")
+    return run_in_one_process([
+        *[Run(f"pretrain-fp8-{fp8}", "nemo2_pretrain.py",
+              ["llama3_8b", "--log-dir", run_dir(base, f"pretrain-fp8-{fp8}")] + (["--fp8"] if fp8 else []))
+          for fp8 in (False, True)],
+        nemo_cli("cli-appends", "trainer.callbacks+=[nemo_throughput.nemo_callback(log_every_n_steps=5, "
+                                "run_label=kubernetes)]"),
+        nemo_cli("cli-misspelt", "trainer.callbacks+=[nemo_throughput.nemo_callback(log_every=5)]"),
+    ], base)
 
 
 def test_recipe_trainer_holds_exactly_one_callback_with_its_settings():
@@ -31,9 +45,9 @@ def test_nemo_callback_rejects_a_misspelt_setting():
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_llm_pretrain_callback_reads_shape_batch_and_precision_from_nemo(tmp_path, fp8):
-    args = ["llama3_8b", "--log-dir", tmp_path] + (["--fp8"] if fp8 else [])
-    result, record = run_nemo_script("nemo2_pretrain.py", *args, tmp_path=tmp_path)
+def test_llm_pretrain_callback_reads_shape_batch_and_precision_from_nemo(runs, fp8):
+    result = runs[f"pretrain-fp8-{fp8}"]
+    record = result.record
     assert result.returncode == 0, result.stderr[-3000:]
     assert "CUDA" in result.stdout  # it went as far as building the model
     assert record["callbacks"].count("ThroughputCallback") == 1
@@ -76,22 +90,14 @@ def test_megatron_strategy_layout_is_recorded(tmp_path):
     assert callback.facts.model_spec.num_layers == 80 and callback.facts.dtype == "bf16"
 
 
-def nemo_cli(*args, cwd):
-    nemo = Path(sys.executable).parent / "nemo"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
-    return subprocess.run([nemo, "llm", "pretrain", "--factory", "llama3_8b", *args, "--dryrun", "-y"],
-                          capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
-
-
-def test_nemo_run_cli_dryrun_appends_the_callback(tmp_path):
-    result = nemo_cli("trainer.callbacks+=[nemo_throughput.nemo_callback(log_every_n_steps=5, "
-                      "run_label=kubernetes)]", cwd=tmp_path)
+def test_nemo_run_cli_dryrun_appends_the_callback(runs):
+    result = runs["cli-appends"]
     assert result.returncode == 0, result.stderr[-3000:]
     shown = " ".join(result.stdout.replace("│", " ").split())
     assert "callbacks=[TimingCallback(), ThroughputCallback(log_every_n_steps=5, run_label='kubernetes')]" in shown
 
 
-def test_nemo_run_cli_rejects_a_misspelt_setting(tmp_path):
-    result = nemo_cli("trainer.callbacks+=[nemo_throughput.nemo_callback(log_every=5)]", cwd=tmp_path)
+def test_nemo_run_cli_rejects_a_misspelt_setting(runs):
+    result = runs["cli-misspelt"]
     assert result.returncode != 0
     assert "No parameter named 'log_every'" in result.stdout + result.stderr
