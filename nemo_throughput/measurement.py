@@ -421,6 +421,7 @@ class Measurement:
         if self._sigterm is not None:
             self._sigterm.uninstall()
             self._sigterm = None
+        self._reporter.close()  # drained before the final exchange: its thread ends now
 
     def _write_at_sigterm(self) -> None:
         """On the SIGTERM watch's thread: the last summary the training thread built (a consistent
