@@ -8,6 +8,10 @@ import pytest
 from nemo_scripts import Run, run_dir, run_in_one_process
 
 SCRIPT = "megatron_gpt_pretraining.py"
+
+# the first test's set-up runs every NeMo program of the module (one interpreter for all)
+pytestmark = pytest.mark.timeout(900)
+
 BAD_SETTINGS = [
     ("+callbacks.throughput.log_every=3", "Unknown throughput setting(s) ['log_every']; valid keys:"),
     ("callbacks.throughput.flops_formula=palm", "Unknown flops_formula 'palm'"),

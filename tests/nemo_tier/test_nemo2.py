@@ -6,6 +6,9 @@ import pytest
 from nemo_scripts import NEMO_CLI, Run, run_dir, run_in_one_process
 from nemo_throughput import ThroughputCallback, nemo_callback
 
+# the first test's set-up runs every NeMo program of the module (one interpreter for all)
+pytestmark = pytest.mark.timeout(900)
+
 
 def nemo_cli(name: str, *args: str) -> Run:
     """`nemo llm pretrain --factory llama3_8b ARGS --dryrun -y`, NeMo-Run's CLI, as the shell runs it."""
