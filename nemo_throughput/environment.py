@@ -100,6 +100,14 @@ def gpus_per_node(env: Mapping[str, str] = os.environ) -> int | None:
     return torch.cuda.device_count() or None
 
 
+def package_version() -> str | None:
+    """This package's installed version."""
+    try:
+        return metadata.version("nemo-throughput")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def library_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for package in _PACKAGES:

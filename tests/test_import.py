@@ -108,6 +108,16 @@ def test_real_srun_label_prefix_says_which_rank_was_read(tmp_path, capsys):
     assert steps_of(summary) == list(range(29, 36)) and summary["environment"]["imported_rank"] == "0"
 
 
+def test_an_imported_summary_never_claims_this_machines_libraries_as_the_runs(tmp_path, capsys):
+    from importlib import metadata
+
+    code, _, err = run_import(capsys, DATA / "nemo2_esm2_srun_label.out", "--warmup", "0", out=tmp_path)
+    assert code == 0, err
+    recorded = summary_of(tmp_path, "nemo2_esm2_srun_label")["environment"]
+    assert "versions" not in recorded  # the run's torch, NeMo, CUDA are not in its log
+    assert recorded["imported_with"] == {"nemo-throughput": metadata.version("nemo-throughput")}
+
+
 def test_a_warning_that_names_the_metric_is_not_a_step_line(tmp_path, capsys):
     warning = ("[NeMo W 2025-06-18 16:52:59 nemo_logging:405] /usr/local/lib/python3.12/dist-packages/lightning/"
                "pytorch/trainer/connectors/logger_connector/result.py:431: It is recommended to use "

@@ -160,7 +160,8 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         **_peak(peak, gpu_name, dtype), source=f"import:{read.fmt}",
         environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path.absolute()),
                      "imported_rank": read.rank, "log_styles": sorted(read.styles),
-                     "versions": environment.library_versions()},
+                     # what imported it; the run's own libraries are not in its log
+                     "imported_with": {"nemo-throughput": environment.package_version()}},
     )
     summary = build_summary(facts, stats, "completed", explained={"network": network_section})
     summary["timing"].update(
