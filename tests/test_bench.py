@@ -157,7 +157,8 @@ def test_bench_checks_its_output_before_training(tmp_path, capsys):
     from nemo_throughput import cli
 
     (tmp_path / "a-file").write_text("")
-    for output, message in ((tmp_path, "is a directory"), (tmp_path / "a-file" / "b.json", "is a file, not a directory")):
+    under_a_file = tmp_path / "a-file" / "b.json"
+    for output, message in ((tmp_path, "is a directory"), (under_a_file, "is a file, not a directory")):
         assert cli.main(["bench", "--steps", "2", "--rounds", "1", "--output", str(output)]) == 2
         err = capsys.readouterr().err
         assert message in err and "trial" not in err

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.environment import package_version
+from nemo_throughput.importers import notice
 from nemo_throughput.report.runs import ReportError
 from nemo_throughput.report.safe_text import printable
 from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
@@ -367,7 +369,8 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
         gpu_name=gpu_name or (system and system.accelerator) or _real(result.system.get("accelerator_model_name"))
         or "unknown", num_gpus=scale.num_accelerators,
         num_nodes=scale.num_nodes, dtype=None, peak_tflops=None, peak_source=None, source=f"import:{NAME}",
-        environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path),
+        environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path.absolute()),
+                     "imported_with": {"nemo-throughput": package_version()},
                      "system": result.system or None, "framework": result.system.get("framework")},
     )
     status, error = _status(result)
@@ -503,8 +506,8 @@ UNREADABLE = ("could not read it as an MLPerf result file",
 
 
 def say_warning(note: str, where: str | None = None) -> None:
-    """Every warning of an MLPerf import, in one format."""
-    print(f"nemo-throughput import: warning: {printable(where) + ': ' if where else ''}{note}", file=sys.stderr)
+    """Every warning of an MLPerf import, in the one format of `import` (`notice`)."""
+    print(notice(where, f"warning: {note}") if where else f"nemo-throughput import: warning: {note}", file=sys.stderr)
 
 
 def say_imported(target: Path, summary: dict[str, Any], notes: list[str], once: tuple[str, ...] = ()) -> None:
