@@ -72,6 +72,32 @@ def run_python(*args, python=sys.executable, cwd=None, timeout=180):
     return subprocess.run([python, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
+TWO_JOBS_IN_ONE_PROCESS = """
+import sys
+
+import hydra
+import pytorch_lightning as pl
+
+
+@hydra.main(version_base=None, config_path=None)
+def job(cfg) -> None:
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    print(sys.argv[1], sorted(type(c).__name__ for c in trainer.callbacks), flush=True)
+
+
+for override in ("+callbacks=throughput", "+other=1"):
+    sys.argv = ["job", override, "hydra.run.dir=.", "hydra.output_subdir=null"]
+    job()
+"""
+
+
+def test_a_later_job_in_the_same_process_that_did_not_ask_gets_no_callback(tmp_path):
+    result = run_python("-c", TWO_JOBS_IN_ONE_PROCESS, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    asked, other = [line for line in result.stdout.splitlines() if line.startswith("+")]
+    assert "ThroughputCallback" in asked and "ThroughputCallback" not in other
+
+
 @pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
 def test_a_trainer_that_did_not_ask_gets_no_callback(namespace):
     result = run_python("-c", f"import {namespace} as pl; t = pl.Trainer(logger=False); "

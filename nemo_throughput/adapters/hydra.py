@@ -42,6 +42,12 @@ class KeepThroughputConfig(Callback):
             raise SystemExit(f"nemo-throughput: {error}") from error
         _kept_settings = settings
 
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        # A later job in the same process (multirun, or a driver running several scripts) that
+        # did not ask for the callback must not get this job's.
+        global _kept_settings
+        _kept_settings = None
+
 
 def callbacks_factory() -> list[Any]:
     """Lightning ``callbacks_factory`` entry point: nothing unless `+callbacks=throughput` asked."""
