@@ -66,12 +66,23 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         rank = trainer.global_rank
         self._read_metrics = functools.partial(getattr, trainer, "callback_metrics")
         records = gather_rank_records()
-        with warnings_on_rank_zero(rank):
-            facts = describe_run(self.config, trainer, pl_module, records)
-        # Lightning creates the data loaders after the setup hooks: the run clock starts before.
-        self.measurement.set_up(facts, trainer.strategy.root_device, rank, records,
-                                requested_dir=os.path.join(trainer.log_dir or os.getcwd(), "throughput"),
-                                log_metrics=lambda metrics, step: _log_to(trainer, metrics, step))
+        try:
+            with warnings_on_rank_zero(rank):
+                facts = describe_run(self.config, trainer, pl_module, records)
+            # Lightning creates the data loaders after the setup hooks: the run clock starts before.
+            self.measurement.set_up(facts, trainer.strategy.root_device, rank, records,
+                                    requested_dir=os.path.join(trainer.log_dir or os.getcwd(), "throughput"),
+                                    log_metrics=lambda metrics, step: _log_to(trainer, metrics, step))
+        except (ValueError, OSError) as error:
+            if not self.from_hydra_config:
+                raise  # in code, the caller gets the exception with its message
+            # From `+callbacks=throughput`: one line, as a wrong setting gets at job start (Hydra
+            # would print a traceback of our set-up); SystemExit passes through Lightning's
+            # handler, which ends the other ranks. Every rank meets the same error (the facts are
+            # the same everywhere, the output directory's outcome is rank 0's): rank 0 says it.
+            message = str(error)
+            line = message if message.startswith("nemo-throughput") else f"nemo-throughput: {message}"
+            raise SystemExit(line if rank == 0 else 1) from error
 
     def _deduplicate(self, trainer: Any) -> bool:
         """Drop this instance if it came from `+callbacks=throughput` and the code added one too."""
