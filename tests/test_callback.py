@@ -483,6 +483,7 @@ def test_a_run_summary_never_holds_the_secrets_of_its_command_line_or_environmen
                                  "+exp_manager.wandb_logger_kwargs={project:p,api_key:secret-key-2}",
                                  cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "secret-" not in result.stdout and "wandb_api_key=<redacted>" in result.stdout  # the command it shows
     text = (tmp_path / "throughput" / "summary.json").read_text()
     assert "secret-" not in text
     environment = json.loads(text)["environment"]

@@ -1,8 +1,14 @@
 """The README's demo command, end to end: 2 gloo ranks, +callbacks=throughput, a summary, and a clean console."""
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +82,64 @@ def test_demo_refuses_overrides_of_what_its_options_set(tmp_path, override, opti
     assert result.returncode == 2
     assert f"use {option} instead of the override {override!r}" in result.stderr
     assert result.stdout == ""
+
+
+def test_demo_refuses_an_output_dir_under_a_file_or_holding_an_earlier_run(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    earlier = tmp_path / "earlier"
+    (earlier / "throughput").mkdir(parents=True)
+    (earlier / "throughput" / "summary.json").write_text("{}")
+    for output_dir, message in ((tmp_path / "a-file" / "run", "is a file, not a directory"),
+                                (earlier, "holds an earlier run; choose a new directory")):
+        result = nemo_throughput_cli("demo", "--output-dir", output_dir, cwd=tmp_path, timeout=120)
+        assert result.returncode == 2 and message in result.stderr
+        assert result.stdout == ""  # refused before anything ran
+
+
+@pytest.mark.slow
+def test_a_setup_failure_ends_the_demo_with_one_line_not_a_traceback(tmp_path):
+    result = nemo_throughput_cli("demo", "--steps", "3", "--output-dir", tmp_path / "run",
+                                 "callbacks.throughput.profile_mode=nsys", "callbacks.throughput.profile_steps=[2,2]",
+                                 cwd=tmp_path, timeout=180)
+    assert result.returncode != 0
+    said = [line for line in result.stderr.splitlines() if "needs a CUDA device" in line]
+    assert said == ["nemo-throughput: profile_mode 'nsys' needs a CUDA device (Nsight Systems traces CUDA), got cpu; "
+                    "use profile_mode 'torch' on this device"]  # once, from rank 0
+    logs = "".join(path.read_text() for path in (tmp_path / "run").glob("*.log"))
+    assert "Traceback" not in result.stdout + result.stderr + logs and "HYDRA_FULL_ERROR" not in result.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_demo_reaches_its_ranks_and_says_the_run_was_interrupted(tmp_path):
+    summary = tmp_path / "run" / "throughput" / "summary.json"
+    demo = subprocess.Popen([Path(sys.executable).parent / "nemo-throughput", "demo", "--steps", "100000",
+                             "--output-dir", tmp_path / "run"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (summary.exists() and '"status": "running"' in summary.read_text()):
+            assert demo.poll() is None and time.monotonic() < deadline, "the demo never started training"
+            time.sleep(0.5)
+        demo.send_signal(signal.SIGTERM)  # to the demo alone, as `kill <pid>` or a job manager does
+        output, _ = demo.communicate(timeout=120)
+        assert demo.returncode == 128 + signal.SIGTERM, output
+        assert json.loads(summary.read_text())["status"] == "interrupted"
+        assert "interrupted" in output  # the headline of this run
+        assert not group_alive_after(demo.pid, 30), "a rank outlived the demo"  # orphaned ranks run for ever
+    finally:
+        try:
+            os.killpg(demo.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def group_alive_after(pgid: int, seconds: float) -> bool:
+    """Whether any process of the group is still there after `seconds` (the ranks' own shutdown takes a moment)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(0.2)
+    return True

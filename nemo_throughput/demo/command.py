@@ -7,11 +7,15 @@ import datetime as dt
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.outputs import OutputPathError, check_output_dir
+from nemo_throughput.redact import redact_argument
+from nemo_throughput.report.safe_text import printable
 from nemo_throughput.summary import read_summary
 
 
@@ -48,6 +52,16 @@ def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[
     if output_dir is None:
         output_dir = Path("nemo_throughput_runs") / f"demo-{dt.datetime.now():%Y%m%d-%H%M%S}"
     output_dir = output_dir.resolve()
+    try:
+        check_output_dir(output_dir, "--output-dir")
+    except OutputPathError as error:
+        print(f"nemo-throughput demo: {error}", file=sys.stderr)
+        return 2
+    if (output_dir / "throughput").is_dir() and any((output_dir / "throughput").iterdir()):
+        # The headline must be this run's: the callback would write beside the earlier run's summary.
+        print(f"nemo-throughput demo: --output-dir {printable(output_dir)} holds an earlier run; choose a new "
+              "directory (without --output-dir each demo gets its own)", file=sys.stderr)
+        return 2
     problem = unpassable_part(str(output_dir))
     if problem:
         print(f"nemo-throughput demo: the output directory {output_dir} contains {problem}, which cannot be passed "
@@ -69,10 +83,10 @@ def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[
         f"callbacks.throughput.output_dir={hydra_quoted(output_dir / 'throughput')}",
         *overrides,
     ]
-    print("$", shlex.join(command), flush=True)
+    print("$", shlex.join(redact_argument(word) for word in command), flush=True)  # overrides may hold API keys
     # PYTHONSAFEPATH (Python 3.11+): `python -m` would otherwise import a random.py or hydra.py from
     # the user's working directory before the real module (every rank inherits it).
-    returncode = subprocess.call(command, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"})
+    returncode, stopped_by = train(command, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"})
     summary_path = output_dir / "throughput" / "summary.json"
     log_path = output_dir / "train.log"  # Hydra's job name is the script's; other ranks: train_ddp_process_<rank>.log
     if not summary_path.exists():
@@ -84,7 +98,31 @@ def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[
     print(headline(read_summary(summary_path)))
     print(f"summary: {summary_path}")
     print(f"log: {log_path}" + (" (other ranks: train_ddp_process_<rank>.log beside it)" if devices > 1 else ""))
+    if stopped_by is not None:
+        return 128 + stopped_by  # as a shell reports a job ended by that signal
     return returncode
+
+
+def train(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """Run the training ranks; a SIGTERM or SIGHUP to the demo is handed to rank 0, which hands it to
+    the other ranks (Lightning's launcher), so that the run ends as interrupted with its summary,
+    never orphaned. Ctrl-C reaches every process of the terminal's group already: only noted here.
+    Returns the training's exit status and the signal that stopped the demo, if any."""
+    stopped_by: list[int] = []
+    child = subprocess.Popen(command, env=env)
+
+    def hand_on(signum: int, frame: Any) -> None:
+        stopped_by.append(signum)
+        if signum != signal.SIGINT and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    previous = {signum: signal.signal(signum, hand_on) for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        returncode = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return returncode, (stopped_by[0] if stopped_by else None)
 
 
 def unpassable_part(path: str) -> str | None:
