@@ -184,6 +184,19 @@ def test_a_wrong_setting_on_the_command_line_stops_the_job_before_training(tmp_p
     assert not list(tmp_path.rglob("summary.json"))
 
 
+@pytest.mark.slow
+def test_an_output_directory_under_a_file_stops_the_job_with_one_line(tmp_path):
+    """Found at the Trainer's set-up, after the job callback: still one line, no traceback."""
+    (tmp_path / "a-file").write_text("")
+    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput",
+                                        f"callbacks.throughput.output_dir={tmp_path}/a-file/run"))
+    assert result.returncode != 0
+    said = [line for line in result.stderr.splitlines() if "cannot write to the output directory" in line]
+    assert len(said) == 1 and said[0].startswith(f"nemo-throughput cannot write to the output directory "
+                                                 f"{tmp_path}/a-file/run: Not a directory."), result.stderr
+    assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+
+
 def test_the_job_callback_stops_the_job_on_any_bad_setting():
     from nemo_throughput.adapters.hydra import KeepThroughputConfig
 

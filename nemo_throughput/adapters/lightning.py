@@ -29,7 +29,7 @@ from nemo_throughput.measurement import (
     resolve_run_facts,
     warnings_on_rank_zero,
 )
-from nemo_throughput.summary import RunFacts
+from nemo_throughput.summary import OutputDirError, RunFacts
 
 __all__ = ["ThroughputCallback", "describe_run"]
 
@@ -80,7 +80,7 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
             # would print a traceback of our set-up); SystemExit passes through Lightning's
             # handler, which ends the other ranks. Every rank meets the same error (the facts are
             # the same everywhere, the output directory's outcome is rank 0's): rank 0 says it.
-            message = str(error)
+            message = error.strerror if isinstance(error, OutputDirError) and error.strerror else str(error)
             line = message if message.startswith("nemo-throughput") else f"nemo-throughput: {message}"
             raise SystemExit(line if rank == 0 else 1) from error
 
