@@ -83,12 +83,26 @@ def _split(gathered: torch.Tensor, extras_width: int) -> tuple[torch.Tensor, tor
 class Gathered:
     """A started all-gather; :meth:`wait` returns ``[ranks, steps, COLUMNS]`` and ``[ranks, extras]``."""
 
-    def __init__(self, wait_fn: Callable[[], torch.Tensor], extras_width: int) -> None:
+    def __init__(self, wait_fn: Callable[[], torch.Tensor], extras_width: int,
+                 settle_fn: Callable[[float], None] | None = None) -> None:
         self._wait_fn = wait_fn
         self._extras_width = extras_width
+        self._settle_fn = settle_fn
 
     def wait(self) -> tuple[torch.Tensor, torch.Tensor]:
         return _split(self._wait_fn(), self._extras_width)
+
+    def settle(self, timeout_s: float) -> bool:
+        """Let the collective end, waiting at most ``timeout_s``; False if it did not. A gloo work
+        still pending when the interpreter exits holds Python tensors, and tearing those down
+        then aborts the process ("terminate called without an active exception")."""
+        if self._settle_fn is None:
+            return True
+        try:
+            self._settle_fn(timeout_s)
+        except RuntimeError:  # timed out, or a peer closed its connection
+            return False
+        return True
 
 
 @dataclass
@@ -160,7 +174,10 @@ class Exchange:
             work.wait()
             return gathered
 
-        return Gathered(wait, self.extras_width)
+        def settle(timeout_s: float) -> None:
+            work.wait(timeout=timedelta(seconds=timeout_s))
+
+        return Gathered(wait, self.extras_width, settle)
 
     def _extras_list(self, extras: list[float] | None) -> list[float]:
         values = [math.nan] * self.extras_width if extras is None else extras
@@ -200,6 +217,10 @@ class Exchange:
         self._sent.clear()
         final = self._finish(local, absorbed_through, interrupted, self._extras_tensor(extras))
         final.sent_through = sent_through
+        if final.missing is None and self._final_group is not None:
+            # Every rank took part, so nothing is pending on it: ours to end, not the process's exit.
+            dist.destroy_process_group(self._final_group)
+            self._final_group = None
         return final
 
     def _finish(self, local: list[StepTimes], absorbed_through: int, interrupted: bool,

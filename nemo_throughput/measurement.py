@@ -18,6 +18,7 @@ step, on the training thread. The end of the run drains that thread before its f
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -109,7 +110,10 @@ class Measurement:
     @property
     def rank_summary_path(self) -> str | None:
         """Where a rank other than 0 leaves what it knew when rank 0 may lack some of it."""
-        return os.path.join(self.output_dir, f"summary.rank{self.rank}.json") if self.output_dir else None
+        return self._rank_file(self.rank) if self.output_dir else None
+
+    def _rank_file(self, rank: int) -> str:
+        return os.path.join(self.output_dir, f"summary.rank{rank}.json")
 
     # ----------------------------------------------------------------------- set-up
     def set_up(self, facts: RunFacts, device: torch.device, rank: int, records: list[dict[str, Any]],
@@ -345,16 +349,32 @@ class Measurement:
         # Several ranks: the device may be stuck behind a collective; read only finished steps.
         final = self._flush(wait_for_device=not several_ranks, interrupted=interrupted)
         others = [rank for rank in final.interrupted_ranks if rank != self.rank]
+        if not others and not interrupted and final.missing is not None:
+            others = self._ranks_interrupted_on_disk()  # gone before the final exchange could hear them
         if others and not interrupted:  # this rank failed because another one was stopped
             status, error = "interrupted", f"{error} (after {ranks_text(others)} had been interrupted)"
         self._finish(status, error, final.missing)
+
+    def _ranks_interrupted_on_disk(self) -> list[int]:
+        """Ranks whose own summary file (where this rank can see it) says they were interrupted:
+        a rank stopped by SIGTERM writes it at once, and may be gone before the final exchange."""
+        ranks = []
+        for rank in range(self._exchange.world_size):
+            with contextlib.suppress(OSError, ValueError):
+                with open(self._rank_file(rank), encoding="utf-8") as file:
+                    if rank != self.rank and json.load(file).get("status") == "interrupted":
+                        ranks.append(rank)
+        return ranks
 
     # ----------------------------------------------------------------------- reporting
     def _flush(self, wait_for_device: bool, interrupted: bool = False) -> FinalSteps:
         """Exchange and absorb every step not yet absorbed, the interval in flight included,
         waiting for the other ranks at most the final-exchange timeout."""
-        # The in-flight all-gather (default group) is never waited for: a peer may be gone. Its
-        # steps go again over the final exchange.
+        # The in-flight all-gather (default group) is not read: a peer may be gone, and its steps go
+        # again over the final exchange. At the end of a completed run every rank started it, so
+        # it is let end (boundedly): a gloo work left pending aborts the process at exit.
+        if self._in_flight is not None and wait_for_device:
+            self._in_flight.settle(self._exchange.final_timeout_s)
         self._in_flight = None
         if wait_for_device:  # else the device may be stuck: leave an open profile window as it is
             self._explain.close()

@@ -94,7 +94,7 @@ def _final_exchange_worker(rank, port, scenario, results):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     exchange = Exchange(extras_width=1)
     exchange.start(made_steps(1, 2, rank)).wait()  # absorbed by both ranks
-    exchange.start(made_steps(3, 4, rank))  # in flight: never waited for (a rank may be gone)
+    in_flight = exchange.start(made_steps(3, 4, rank))  # in flight: never read (a rank may be gone)
     # Rank 1 finished one step more; with "skewed" it also absorbed steps 3-4 (rank 0 had not yet).
     pending, absorbed_through = (made_steps(5, 5, rank), 2) if rank == 0 else (made_steps(5, 6, rank), 2)
     if scenario == "skewed" and rank == 1:
@@ -109,6 +109,9 @@ def _final_exchange_worker(rank, port, scenario, results):
         "missing": final.missing,
         "extras": None if final.extras is None else final.extras.flatten().tolist(),
         "steps": None if final.steps is None else [step_times(final.steps, r) for r in range(2)],
+        # What the process's exit finds: a gloo work still pending aborts it; the final group is ended.
+        "settled": in_flight.settle(5.0),
+        "groups": len(dist.distributed_c10d._world.pg_map),
     }
 
 
@@ -130,6 +133,7 @@ def test_the_final_exchange_takes_every_step_all_ranks_finished_including_the_on
         assert results[rank]["missing"] is None
         assert results[rank]["steps"] == [made_steps(3, 5, 0), made_steps(3, 5, 1)]  # step 6: not finished by rank 0
         assert results[rank]["extras"] == [10.0, 11.0]  # each rank's final per-rank values
+        assert results[rank]["settled"] and results[rank]["groups"] == 1  # the default group alone
 
 
 def test_the_final_exchange_sends_again_what_a_lagging_rank_did_not_absorb():

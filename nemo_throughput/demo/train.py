@@ -11,6 +11,7 @@ import warnings
 
 import hydra
 import pytorch_lightning as pl
+import torch
 from omegaconf import DictConfig
 from pytorch_lightning.loggers import CSVLogger
 
@@ -49,6 +50,8 @@ def main(cfg: DictConfig) -> None:
         logger=CSVLogger(cfg.exp_manager.exp_dir, name=cfg.exp_manager.name),
     )
     trainer.fit(DemoGPT(cfg.model))
+    if torch.distributed.is_initialized():  # torch asks each process to end its groups before it exits
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
