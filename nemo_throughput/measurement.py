@@ -38,7 +38,6 @@ from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import device_name, identify, peak_tflops
 from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
-from nemo_throughput.report.safe_text import printable
 from nemo_throughput.signals import SigtermWatch
 from nemo_throughput.summary import (
     STEPS_FILE,
@@ -52,6 +51,7 @@ from nemo_throughput.summary import (
     write_json_atomic,
 )
 from nemo_throughput.target import MLPerfLog, Target, TimeToTarget
+from nemo_throughput.text import printable
 from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, StepTimes, clock_for
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from nemo_throughput.report.safe_text import printable
+from nemo_throughput.text import printable
 
 # A file that starts like this is a run's summary (summary.SCHEMA, without importing torch here).
 _SUMMARY_MARK = b'"schema": "nemo-throughput/summary'

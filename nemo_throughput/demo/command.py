@@ -15,8 +15,8 @@ from typing import Any
 
 from nemo_throughput.outputs import OutputPathError, check_output_dir
 from nemo_throughput.redact import redact_argument
-from nemo_throughput.report.safe_text import printable
 from nemo_throughput.summary import read_summary
+from nemo_throughput.text import printable
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_throughput.environment import gpu_index, node_name
 from nemo_throughput.outputs import check_output_file
-from nemo_throughput.report.safe_text import printable
+from nemo_throughput.text import printable
 
 if TYPE_CHECKING:
     import torch

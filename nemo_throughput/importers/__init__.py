@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nemo_throughput.report.safe_text import printable
+from nemo_throughput.text import printable
 
 
 def notice(source: str | os.PathLike, message: str) -> str:

@@ -18,8 +18,8 @@ from nemo_throughput.importers.logs import FORMATS, Imported, import_run
 from nemo_throughput.outputs import check_output_dir, check_output_file
 from nemo_throughput.presets import PRESETS, preset
 from nemo_throughput.report.runs import ReportError, Window
-from nemo_throughput.report.safe_text import printable
 from nemo_throughput.summary import write_json_atomic
+from nemo_throughput.text import printable
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

@@ -13,7 +13,7 @@ from nemo_throughput.launch import LaunchError, kubernetes, slurm, submit
 from nemo_throughput.launch.kubernetes import KubernetesJob, manifest_yaml, render_manifest, validate_manifest
 from nemo_throughput.launch.slurm import SlurmJob, render_sbatch
 from nemo_throughput.outputs import OutputPathError, check_output_dir, check_output_file
-from nemo_throughput.report.safe_text import printable
+from nemo_throughput.text import printable
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

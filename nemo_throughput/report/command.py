@@ -23,8 +23,8 @@ from nemo_throughput.report.runs import (
     load_run,
     load_training_run,
 )
-from nemo_throughput.report.safe_text import printable
 from nemo_throughput.report.tables import Report, build_report, build_time_to_train, render
+from nemo_throughput.text import printable
 
 REPORTED, SOME_EXCLUDED, NOTHING_REPORTED = 0, 1, 2
 

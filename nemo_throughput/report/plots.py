@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.report.runs import ReportError
-from nemo_throughput.report.safe_text import printable
 from nemo_throughput.report.tables import PHASE_FIELDS, Group, Report
+from nemo_throughput.text import printable
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")  # what matplotlib writes without extra packages
 

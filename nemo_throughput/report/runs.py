@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_throughput.report.safe_text import printable
 from nemo_throughput.summary import EXPLAINED, STATUSES, USER_FLOPS, read_summary
+from nemo_throughput.text import printable
 from nemo_throughput.throughput import Workload
 
 

@@ -16,7 +16,7 @@ from operator import attrgetter
 from typing import Any
 
 from nemo_throughput.report.runs import PHASES, PROFILE_FRACTIONS, ReportError, Run
-from nemo_throughput.report.safe_text import csv_cell, markdown_cell, printable
+from nemo_throughput.text import csv_cell, markdown_cell, printable
 from nemo_throughput.throughput import days_to_train
 
 
