@@ -16,6 +16,7 @@ _MODULE_OF = {
     "FORMULAS": "nemo_throughput.flops",
     "SCHEMA": "nemo_throughput.summary",
     "ModelSpec": "nemo_throughput.flops",
+    "NemoThroughputError": "nemo_throughput.errors",
     "ThroughputCallback": "nemo_throughput.adapters.lightning",
     "ThroughputConfig": "nemo_throughput.config",
     "Workload": "nemo_throughput.throughput",

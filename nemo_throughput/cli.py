@@ -11,39 +11,43 @@ import sys
 
 from nemo_throughput import bench
 from nemo_throughput.demo import command as demo
+from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import probe
 from nemo_throughput.importers import command as importers
 from nemo_throughput.launch import command as launch
 from nemo_throughput.report import command as report
+from nemo_throughput.window import Window
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, reading a window that counts from the end (`--window -10:`) as the option's
+    value: argparse takes every word that starts with '-' and is not a negative number for an option.
+    The sub-parsers made from it are of its class too."""
+
+    def _parse_optional(self, arg_string: str):  # noqa: ANN202 - argparse's own (private) hook
+        return None if _is_window(arg_string) else super()._parse_optional(arg_string)
+
+
+def _is_window(text: str) -> bool:
+    try:
+        Window.parse(text)
+    except ReportError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nemo-throughput", description="Step time, tokens/s and MFU for "
+    parser = _Parser(prog="nemo-throughput", description="Step time, tokens/s and MFU for "
                                      "NeMo / Megatron GPT pretraining: demo, launch, report, import, bench.")
     commands = parser.add_subparsers(dest="command", required=True)
     for feature in (demo, launch, report, importers, bench, probe):
         feature.add_parsers(commands)
-    args, rest = parser.parse_known_args(_join_window_values(sys.argv[1:] if argv is None else argv))
+    args, rest = parser.parse_known_args(argv)
     if getattr(args, "takes_command", False):  # `launch ... -- <training command>`
         return args.handler(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.handler(args)
-
-
-def _join_window_values(argv: list[str]) -> list[str]:
-    """`--window -10:` as `--window=-10:`: argparse takes a value starting with '-' for an option."""
-    joined, rest = [], iter(argv)
-    for arg in rest:
-        if arg == "--":
-            joined += [arg, *rest]
-            break
-        if arg == "--window":
-            value = next(rest, None)
-            joined.append(arg if value is None else f"--window={value}")
-        else:
-            joined.append(arg)
-    return joined
 
 
 if __name__ == "__main__":

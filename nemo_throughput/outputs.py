@@ -11,13 +11,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from nemo_throughput.errors import NemoThroughputError
 from nemo_throughput.text import printable
 
 # A file that starts like this is a run's summary (summary.SCHEMA, without importing torch here).
 _SUMMARY_MARK = b'"schema": "nemo-throughput/summary'
 
 
-class OutputPathError(ValueError):
+class OutputPathError(NemoThroughputError, ValueError):
     """An output path that cannot be used as asked, with what to do instead."""
 
 

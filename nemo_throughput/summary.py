@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nemo_throughput.config import check_positive_number
+from nemo_throughput.errors import NemoThroughputError
 from nemo_throughput.flops import CAUSAL_ATTENTION, FLOPS_FORMULAS, MEASURED, ModelSpec, require_positive_int
 from nemo_throughput.throughput import RATES, Workload
 from nemo_throughput.timing import PHASE_TIMES
@@ -291,7 +292,7 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> Non
         os.close(fd)
 
 
-class OutputDirError(OSError):
+class OutputDirError(NemoThroughputError, OSError):
     """The output directory cannot be written: raised at set-up, before any training."""
 
 

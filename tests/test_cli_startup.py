@@ -82,6 +82,16 @@ def test_report_on_real_summaries_loads_nothing_heavy(imported_runs, tmp_path):
     assert result["loaded"] == []
 
 
+def test_report_window_counting_from_the_end_is_the_value_of_window(imported_runs, tmp_path):
+    """`--window -1:` starts with '-', as an option would: it is still the window (the last step)."""
+    last_step = run_cli(["report", str(imported_runs), "--window", "-1:", "--format", "csv"], tmp_path)
+    assert last_step["code"] == 0, last_step["stderr"]
+    assert last_step["stdout"] == run_cli(["report", str(imported_runs), "--window", "last", "--format", "csv"],
+                                          tmp_path)["stdout"]
+    assert last_step["stdout"] != run_cli(["report", str(imported_runs), "--format", "csv"], tmp_path)["stdout"]
+    assert last_step["loaded"] == []
+
+
 @pytest.mark.parametrize("target, extra", [("slurm", []), ("k8s", ["--image", "nemo:1"])])
 def test_launch_writes_its_job_without_loading_anything_heavy(target, extra, tmp_path):
     job = tmp_path / f"job.{target}"
@@ -115,8 +125,8 @@ print(json.dumps({"light": light, "names": names, "dir": unlisted}))
 """
     result = run_fresh(probe, cwd=tmp_path)
     assert result["light"] == []  # measured right after `import nemo_throughput`, before any name is used
-    assert set(result["names"]) == {"FORMULAS", "SCHEMA", "ModelSpec", "ThroughputCallback", "ThroughputConfig",
-                                    "Workload", "mfu", "nemo_callback", "model_flops_per_sample", "peak_tflops",
-                                    "read_summary"}
+    assert set(result["names"]) == {"FORMULAS", "SCHEMA", "ModelSpec", "NemoThroughputError", "ThroughputCallback",
+                                    "ThroughputConfig", "Workload", "mfu", "nemo_callback", "model_flops_per_sample",
+                                    "peak_tflops", "read_summary"}
     assert result["names"]["ThroughputCallback"] == "type" and result["names"]["mfu"] == "function"
     assert result["dir"] == []

@@ -11,15 +11,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from nemo_throughput.errors import ReportError
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
 from nemo_throughput.importers import mlperf, notice
 from nemo_throughput.importers.logs import FORMATS, Imported, import_run
 from nemo_throughput.outputs import check_output_dir, check_output_file
 from nemo_throughput.presets import PRESETS, preset
-from nemo_throughput.report.runs import ReportError, Window
 from nemo_throughput.summary import write_json_atomic
 from nemo_throughput.text import printable
+from nemo_throughput.window import Window
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from nemo_throughput.report.runs import ReportError
+from nemo_throughput.errors import ReportError
 
 CHUNK_BYTES = 1 << 20
 SNIFF_BYTES = 64 * 1024

@@ -22,15 +22,16 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import environment
+from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import identify, peak_tflops
 from nemo_throughput.importers import megatron, nemo, tensorboard
 from nemo_throughput.importers.lines import check_text, read_lines, read_once
 from nemo_throughput.importers.steps import Step, StepLog
-from nemo_throughput.report.runs import ReportError, Window
 from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
 from nemo_throughput.timing import StepTimes
+from nemo_throughput.window import Window
 
 if TYPE_CHECKING:
     from nemo_throughput.aggregation import RunStats

@@ -29,10 +29,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from nemo_throughput.errors import ReportError
 from nemo_throughput.importers.lines import Line
 from nemo_throughput.importers.nemo import parse_number
 from nemo_throughput.importers.steps import Step, StepLog
-from nemo_throughput.report.runs import ReportError
 
 NAME = "megatron"
 TAG = "elapsed time per iteration (ms)"

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.environment import package_version
+from nemo_throughput.errors import ReportError
 from nemo_throughput.importers import notice
-from nemo_throughput.report.runs import ReportError
 from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
 from nemo_throughput.text import printable
 

@@ -31,9 +31,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_throughput.errors import ReportError
 from nemo_throughput.importers.lines import Line
 from nemo_throughput.importers.steps import Step, StepLog
-from nemo_throughput.report.runs import ReportError
 
 NAME = "nemo"
 TAG = "train_step_timing in s"

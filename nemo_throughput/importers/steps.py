@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nemo_throughput.report.runs import ReportError
+from nemo_throughput.errors import ReportError
 
 
 @dataclass(frozen=True)

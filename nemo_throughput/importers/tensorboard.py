@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from nemo_throughput.errors import ReportError
 from nemo_throughput.importers.lines import input_size, open_input
 from nemo_throughput.importers.steps import Step, StepLog
-from nemo_throughput.report.runs import ReportError
 
 NAME = "tensorboard"
 TAG = "train_step_timing in s"

@@ -11,10 +11,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from nemo_throughput.errors import NemoThroughputError
+
 TEMPLATES = Path(__file__).resolve().parent.parent / "launchers"
 
 
-class LaunchError(ValueError):
+class LaunchError(NemoThroughputError, ValueError):
     """A launch request that cannot work, with what to change."""
 
 

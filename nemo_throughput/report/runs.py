@@ -13,48 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.errors import ReportError
 from nemo_throughput.summary import EXPLAINED, STATUSES, USER_FLOPS, read_summary
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import Workload
-
-
-class ReportError(ValueError):
-    """Input the report cannot use, naming the file and what is wrong with it."""
+from nemo_throughput.window import Window
 
 
 class IncompleteRun(ReportError):
     """A run that did not complete: left out of the report with a note, not an error."""
-
-
-@dataclass(frozen=True)
-class Window:
-    """Which steps count, by step number (the callback's, from 1): `A:B` is A <= step < B,
-    `A:` from A on, `-N:` the last N steps, `last` the last step."""
-
-    text: str
-    start: int | None
-    stop: int | None
-
-    @classmethod
-    def parse(cls, text: str) -> Window:
-        if text == "last":
-            return cls(text, -1, None)
-        parts = text.split(":")
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            start, stop = (int(p) if p else None for p in parts)
-        except ValueError:
-            raise ReportError(f"--window {text!r}: use A:B (steps A to B-1), A:, -N: (last N steps) or last") from None
-        if start is not None and stop is not None and (start < 0 or stop <= start):
-            raise ReportError(f"--window {text!r} selects no step: A:B needs 0 <= A < B")
-        return cls(text, start, stop)
-
-    def select(self, steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
-        if self.start is not None and self.start < 0:
-            return steps[self.start:]
-        return [(n, t) for n, t in steps if (self.start is None or n >= self.start)
-                and (self.stop is None or n < self.stop)]
 
 
 PROFILE_FRACTIONS = ("compute", "communication", "exposed_communication", "idle")  # communication.fractions
