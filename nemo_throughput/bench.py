@@ -30,10 +30,12 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
-from nemo_throughput.outputs import check_output_file
+from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
+from nemo_throughput.window import Window
 
 # torch, Lightning and OmegaConf are imported in the functions that use them: `nemo-throughput --help`
 # and the other subcommands register this one's options without loading them.
@@ -322,7 +324,29 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def run_bench(size: str | None = None, steps: int = 60, window: tuple[int, int] | None = None, rounds: int = 3,
+def default_window(steps: int) -> Window:
+    """The last three quarters of a trial's steps (from step 2 at least: step 1 cannot be timed)."""
+    return Window.parse(f"{max(2, steps // 4 + 1)}:")
+
+
+def clock_steps(window: Window, steps: int) -> tuple[int, int]:
+    """(first, last): the steps at whose end :class:`WindowClock` reads the clock, the step before
+    the window's first and the window's last, so that it times the window's steps.
+
+    Refused: a window that names steps past the trial's (`--steps`), and one that starts at step
+    1, which no clock reading precedes."""
+    timed = window.among(steps)
+    if window.reaches_past(steps):
+        raise ValueError(f"--window {window.text} reaches past the {steps} steps of a trial (--steps {steps})")
+    if not timed:
+        raise ValueError(f"--window {window.text} selects none of the {steps} steps of a trial")
+    if timed.start < 2:
+        raise ValueError(f"--window {window.text} starts at step 1, which cannot be timed: the clock starts at the "
+                         "end of the step before the window; start at step 2 or later, e.g. 2:")
+    return timed.start - 1, timed.stop - 1
+
+
+def run_bench(size: str | None = None, steps: int = 60, window: Window | None = None, rounds: int = 3,
               conditions: tuple[str, ...] = CONDITIONS, namespace: str | None = None, progress: Any = print,
               device: str = "auto", micro_batch_size: int | None = None, count_syncs: bool = True) -> dict[str, Any]:
     import torch
@@ -332,9 +356,8 @@ def run_bench(size: str | None = None, steps: int = 60, window: tuple[int, int] 
     cuda = resolve_device(device) == "cuda"
     size = size or ("gpt3-126m" if cuda else "cpu")
     namespace = namespace or _default_namespace()
-    first, last = window or (max(1, steps // 4), steps)
-    if not 0 < first < last <= steps:
-        raise ValueError(f"the window {first}:{last} must lie inside the {steps} steps, first < last")
+    window = window or default_window(steps)
+    first, last = clock_steps(window, steps)
     cfg = _model_cfg(size, micro_batch_size)
     spec = ModelSpec(num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
                      num_attention_heads=cfg.num_attention_heads, ffn_hidden_size=cfg.ffn_hidden_size,
@@ -366,7 +389,8 @@ def run_bench(size: str | None = None, steps: int = 60, window: tuple[int, int] 
         "device_info": _cuda_device_info() if cuda else None,
         "precision": "bf16-mixed" if cuda else "32-true",
         "model": size, "model_spec": spec.to_dict(), "micro_batch_size": cfg.micro_batch_size,
-        "steps": steps, "window": [first, last], "rounds": rounds, "lightning": namespace,
+        "steps": steps, "window": window.text, "window_steps": [first + 1, last],  # the first and last step timed
+        "rounds": rounds, "lightning": namespace,
         "log_every_n_steps": LOG_EVERY_N_STEPS,
         "sync_counting": ("one extra untimed trial per condition: torch.cuda.set_sync_debug_mode('warn') warnings "
                           "plus explicit torch.cuda.synchronize / Stream.synchronize / Event.synchronize calls, "
@@ -591,8 +615,9 @@ def _model_cfg(size: str, micro_batch_size: int | None = None) -> Any:
 
 
 def render(result: dict[str, Any], fmt: str = "table") -> str:
+    """The result as text ending in a new line: a table with its legend, or JSON."""
     if fmt == "json":
-        return json.dumps(result, indent=2)
+        return json.dumps(result, indent=2) + "\n"
     header = ("condition", "step (median)", "spread", "overhead", "95% CI (paired)", "measured", "error",
               "hooks/step", "share", "non-log", "log step", "syncs/step", "in hooks")
     rows = []
@@ -616,7 +641,8 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
     lines = [
         f"nemo-throughput bench, {result['date']}: {device}, torch {result['versions']['torch']}, model "
         f"{result['model']} ({result['precision']}, micro-batch {result['micro_batch_size']}), "
-        f"{result['steps']} steps, window {result['window'][0]}-{result['window'][1]}, {result['rounds']} rounds, "
+        f"{result['steps']} steps, window {result['window']} (steps {result['window_steps'][0]}-"
+        f"{result['window_steps'][1]} timed), {result['rounds']} rounds, "
         f"{result['lightning']}",
         "",
         *("  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
@@ -668,12 +694,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                        help="model (default: gpt3-126m on CUDA, else cpu); gpt3-2.7b is the largest for one 80 GB GPU")
     bench.add_argument("--micro-batch-size", type=int, help="override the size's micro-batch")
     bench.add_argument("--steps", type=int, default=60, help="optimizer steps per trial (60)")
-    bench.add_argument("--window", help="steps timed, A:B (default: the last three quarters)")
+    bench.add_argument("--window", help="steps timed, as report and import take them: A:B (steps A to B-1), A:, -N: "
+                                        "(the last N) or last; from step 2 on (default: the last three quarters)")
     bench.add_argument("--rounds", type=int, default=3, help="rounds of all conditions (3)")
     bench.add_argument("--conditions", help="comma-separated subset of the conditions")
     bench.add_argument("--no-sync-count", action="store_true", help="skip the CUDA synchronization-count trials")
     bench.add_argument("--format", choices=("table", "json"), default="table")
-    bench.add_argument("--output", help="also write the JSON result to this file")
+    bench.add_argument("--output", type=Path, help="write the table (or JSON) to this file instead of stdout, as "
+                                                   "report does; its directory must exist")
     bench.add_argument("--ranks", help="instead of the trials: the host cost of a log step and of an ordinary step "
                                        "at these numbers of gloo ranks (CPU processes, e.g. 2,4,8), at 100, 1,000 "
                                        "and 10,000 steps done")
@@ -684,9 +712,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.ranks:
         return _run_log_step_command(args)
     try:
-        window = tuple(int(part) for part in args.window.split(":")) if args.window else None
-        if window is not None and len(window) != 2:
-            raise ValueError(f"--window {args.window!r} must be A:B")
+        window = Window.parse(args.window) if args.window else None
         conditions = parse_conditions(args.conditions) if args.conditions else CONDITIONS
         if args.steps < 2 or args.rounds < 1:
             raise ValueError("--steps must be at least 2 and --rounds at least 1")
@@ -699,11 +725,7 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"nemo-throughput bench: {error}", file=sys.stderr)
         return 2
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(render(result, "json") + "\n")
-    print(render(result, args.format), end="")
-    return 0
+    return _write(render(result, args.format), args.output)
 
 
 def _run_log_step_command(args: argparse.Namespace) -> int:
@@ -718,8 +740,16 @@ def _run_log_step_command(args: argparse.Namespace) -> int:
         print(f"nemo-throughput bench: {error}", file=sys.stderr)
         return 2
     result = run_log_step_bench(ranks, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2) + "\n" if args.format == "json" else render_log_step(result), end="")
+    return _write(json.dumps(result, indent=2) + "\n" if args.format == "json" else render_log_step(result),
+                  args.output)
+
+
+def _write(text: str, output: Path | None) -> int:
+    try:
+        write_output(text, output, "--output")
+    except OutputPathError as error:
+        print(f"nemo-throughput bench: {error}", file=sys.stderr)
+        return 1
+    if output is not None:
+        print(f"bench: {output}", file=sys.stderr)
     return 0

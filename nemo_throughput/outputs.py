@@ -8,6 +8,7 @@ run's summary. Messages are one line, with the path made printable.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -46,6 +47,18 @@ def check_output_file(path: str | os.PathLike, option: str, *, reads: Iterable[s
     if _is_summary(path):
         raise OutputPathError(f"{option} {shown} is a run's summary; write elsewhere")
     return path
+
+
+def write_output(text: str, path: Path | None, option: str) -> None:
+    """A command's result: to `path` (checked before with :func:`check_output_file`), or to stdout
+    when None. `OutputPathError` when the file cannot be written after all (a full disk)."""
+    if path is None:
+        sys.stdout.write(text)
+        return
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise OutputPathError(f"{option} {printable(path)}: cannot write it ({error.strerror or error})") from error
 
 
 def check_output_dir(path: str | os.PathLike, option: str) -> Path:

@@ -3,6 +3,7 @@ never asserted here: these machines are shared); its arithmetic and arguments, c
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -12,10 +13,13 @@ from nemo_throughput.bench import (
     SIZES,
     Condition,
     _model_cfg,
+    clock_steps,
+    default_window,
     paired_overhead_pct,
     resolve_device,
     t_quantile_975,
 )
+from nemo_throughput.window import Window
 
 FIELDS = {"name", "skipped", "median_step_time_s", "step_times_s", "spread_pct", "overhead_pct", "overhead_mean_pct",
           "overhead_ci95_pct", "measured_step_time_s", "error_pct", "hook_us_per_step", "hook_share_pct",
@@ -34,9 +38,10 @@ def test_bench_reports_every_field_for_every_condition(tmp_path):
     result = bench("--steps", "12", "--window", "4:12", "--rounds", "2", "--format", "json", "--output", output,
                    cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    assert json.loads(output.read_text()) == report
-    assert report["window"] == [4, 12] and report["rounds"] == 2 and report["model"] == "cpu"
+    assert result.stdout == ""  # --output: the result goes to the file instead
+    report = json.loads(output.read_text())
+    assert report["window"] == "4:12" and report["window_steps"] == [4, 11]  # as report counts: 4 <= step < 12
+    assert report["rounds"] == 2 and report["model"] == "cpu"
     assert report["device_info"] is None and report["sync_counting"] is None  # CPU: nothing to synchronize
     conditions = {c["name"]: c for c in report["conditions"]}
     assert list(conditions) == ["no-callback", "nemo-throughput", "nemo-throughput-debug",
@@ -65,14 +70,40 @@ def test_bench_reports_every_field_for_every_condition(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_table_and_bad_arguments(tmp_path):
-    result = bench("--steps", "6", "--window", "2:6", "--rounds", "1", "--conditions", "no-callback,nemo-throughput",
+def test_bench_table_counting_the_window_from_the_end(tmp_path):
+    result = bench("--steps", "6", "--window", "-4:", "--rounds", "1", "--conditions", "no-callback,nemo-throughput",
                    "--device", "cpu", "--micro-batch-size", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "nemo-throughput" in result.stdout and "overhead" in result.stdout and "95% CI" in result.stdout
-    assert "micro-batch 2" in result.stdout
-    bad = bench("--steps", "6", "--window", "5:9", cwd=tmp_path)
-    assert bad.returncode == 2 and "the window 5:9 must lie inside the 6 steps" in bad.stderr
+    assert "micro-batch 2" in result.stdout and "window -4: (steps 3-6 timed)" in result.stdout
+
+
+def test_the_window_is_report_s_syntax_and_what_cannot_be_timed_is_refused(tmp_path):
+    assert clock_steps(Window.parse("4:12"), 12) == (3, 11)  # clock at the end of steps 3 and 11: steps 4 to 11
+    assert clock_steps(Window.parse("-4:"), 6) == (2, 6) and clock_steps(Window.parse("last"), 6) == (5, 6)
+    assert clock_steps(Window.parse("2:"), 6) == (1, 6) and clock_steps(default_window(60), 60) == (15, 60)
+    assert clock_steps(default_window(2), 2) == (1, 2)
+    for window, refusal in (("5:9", "--window 5:9 reaches past the 6 steps of a trial (--steps 6)"),
+                            ("-7:", "--window -7: reaches past the 6 steps"),
+                            ("1:4", "--window 1:4 starts at step 1, which cannot be timed"),
+                            (":4", "--window :4 starts at step 1"), ("-6:", "--window -6: starts at step 1"),
+                            ("0:1", "--window 0:1 selects none of the 6 steps")):
+        with pytest.raises(ValueError, match=re.escape(refusal)):
+            clock_steps(Window.parse(window), 6)
+    for window, refusal in (("-6:", "starts at step 1"), ("5-9", "--window '5-9': use A:B (steps A to B-1)")):
+        bad = bench("--steps", "6", "--window", window, "--device", "cpu", cwd=tmp_path)
+        assert bad.returncode == 2 and bad.stdout == "" and refusal in bad.stderr and "trial" not in bad.stderr, window
+
+
+@pytest.mark.slow
+def test_bench_output_holds_the_chosen_format(tmp_path):
+    table = tmp_path / "bench.txt"
+    result = bench("--steps", "3", "--rounds", "1", "--conditions", "no-callback", "--device", "cpu",
+                   "--micro-batch-size", "1", "--no-sync-count", "--output", table, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "" and f"bench: {table}" in result.stderr
+    assert table.read_text().startswith("nemo-throughput bench, ") and "window 2: (steps 2-3 timed)" in \
+        table.read_text()
 
 
 def test_bench_refuses_what_it_cannot_run(tmp_path):
@@ -169,8 +200,8 @@ def test_bench_ranks_reports_the_log_step_cost_per_rank_count_and_steps_done(tmp
     output = tmp_path / "ranks.json"
     result = bench("--ranks", "1,2", "--format", "json", "--output", output, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    assert json.loads(output.read_text()) == report
+    assert result.stdout == ""
+    report = json.loads(output.read_text())
     assert [r["ranks"] for r in report["results"]] == [1, 2] and report["steps_done"] == [100, 1000, 10000]
     for row in report["results"]:
         assert row["steps"] > 10000

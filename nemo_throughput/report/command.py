@@ -12,7 +12,7 @@ import math
 import sys
 from pathlib import Path
 
-from nemo_throughput.outputs import OutputPathError, check_output_file
+from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
 from nemo_throughput.report.runs import (
     IncompleteRun,
     ReportError,
@@ -167,14 +167,9 @@ def _check_destinations(output: Path | None, plot: Path | None, inputs: list[Pat
 
 
 def _write(text: str, output: Path | None) -> None:
-    if output is None:
-        sys.stdout.write(text)
-        return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise ReportError(f"--output {output}: cannot write it ({error.strerror or error})") from error
-    say(f"report: {output}")
+    write_output(text, output, "--output")
+    if output is not None:
+        say(f"report: {output}")
 
 
 def say(message: str) -> None:
