@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nemo_throughput import bench
+from nemo_throughput.bench import command as bench
 from nemo_throughput.demo import command as demo
 from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import probe

@@ -9,16 +9,8 @@ import pytest
 import torch
 
 from conftest import nemo_throughput_cli
-from nemo_throughput.bench import (
-    SIZES,
-    Condition,
-    _model_cfg,
-    clock_steps,
-    default_window,
-    paired_overhead_pct,
-    resolve_device,
-    t_quantile_975,
-)
+from nemo_throughput.bench.stats import Condition, paired_overhead_pct, t_quantile_975
+from nemo_throughput.bench.trials import SIZES, _model_cfg, clock_steps, default_window, resolve_device
 from nemo_throughput.window import Window
 
 FIELDS = {"name", "skipped", "median_step_time_s", "step_times_s", "spread_pct", "overhead_pct", "overhead_mean_pct",

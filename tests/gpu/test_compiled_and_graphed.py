@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from nemo_throughput import ThroughputCallback
-from nemo_throughput.bench import WindowClock
+from nemo_throughput.bench.harness import WindowClock
 from nemo_throughput.demo.gpt import gpt_module_class
 from nemo_throughput.timing import OPTIMIZER, START, CudaClock, StepTimer
 

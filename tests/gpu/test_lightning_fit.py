@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nemo_throughput import ThroughputCallback
-from nemo_throughput.bench import StepSyncs
+from nemo_throughput.bench.harness import StepSyncs
 from nemo_throughput.hardware import identify, peak_tflops
 
 from .workloads import SyncGuard, fit, lightning_namespace

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from nemo_throughput.bench import SyncCounter
+from nemo_throughput.bench.syncs import SyncCounter
 
 STEP_HOOKS = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end")
 
