@@ -60,8 +60,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _run_log_step_command(args: argparse.Namespace) -> int:
-    """``--ranks``: the log-step bench (nemo_throughput.log_step_bench) instead of the trials."""
-    from nemo_throughput.log_step_bench import parse_ranks, render_log_step, run_log_step_bench
+    """``--ranks``: the log-step bench (nemo_throughput.bench.log_step) instead of the trials."""
+    from nemo_throughput.bench.log_step import parse_ranks, render_log_step, run_log_step_bench
 
     try:
         ranks = parse_ranks(args.ranks)
