@@ -12,7 +12,7 @@ import sys
 from nemo_throughput.bench import command as bench
 from nemo_throughput.demo import command as demo
 from nemo_throughput.errors import ReportError
-from nemo_throughput.explain import probe
+from nemo_throughput.explain import probe_command as probe
 from nemo_throughput.importers import command as importers
 from nemo_throughput.launch import command as launch
 from nemo_throughput.report import command as report

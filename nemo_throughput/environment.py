@@ -1,10 +1,12 @@
 """Where and with what a run ran: orchestrator, job, nodes, container, communication settings,
-library versions. Collected once at set-up (one small gather over ranks), never per step."""
+library versions. Collected once at set-up (one small gather over ranks), never per step. Also
+the rendezvous variables a launcher (torchrun, srun) gives a process, checked before any wait."""
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import sys
 from collections.abc import Mapping
@@ -143,3 +145,94 @@ def capture(rank_records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         "command": redact_command(sys.argv),  # Hydra overrides carry API keys: redacted
         "versions": library_versions(),
     }
+
+
+# ------------------------------------------------------------------ the launcher's rendezvous variables
+def launcher_env(env: Mapping[str, str]) -> dict[str, str] | None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for init_process_group(env://): torchrun's
+    as they are; under srun without torchrun derived from Slurm's; None when neither launched this process
+    (one process: the probe measures the matmul only)."""
+    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, or a Kubeflow PyTorchJob, or a launcher that set them
+        missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not env.get(key)]
+        if missing:
+            raise ValueError(f"RANK and WORLD_SIZE are set but {' and '.join(missing)} not: launch with torchrun "
+                             f"or set them")
+        _check_rank_variables(env)
+        return {"RANK": env["RANK"], "WORLD_SIZE": env["WORLD_SIZE"], "LOCAL_RANK": env.get("LOCAL_RANK", "0"),
+                "MASTER_ADDR": env["MASTER_ADDR"], "MASTER_PORT": env["MASTER_PORT"]}
+    # SLURM_STEP_NUM_TASKS exists only inside an srun step: a batch script's own shell (one process) also
+    # sees SLURM_NTASKS, and taking it for the world size would wait forever for ranks that never start.
+    if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
+        return None
+    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "MASTER_ADDR": _slurm_master_addr(env),
+            "MASTER_PORT": env.get("MASTER_PORT") or _slurm_master_port(env)}
+
+
+# Variables that only a launcher sets: with none of them, RANK/WORLD_SIZE are an export left in the shell.
+_LAUNCHER_MARKERS = ("TORCHELASTIC_RUN_ID", "KUBERNETES_SERVICE_HOST", "SLURM_STEP_ID", "OMPI_COMM_WORLD_SIZE",
+                     "PMI_SIZE", "PMIX_RANK")
+
+
+_UNSET_HINT = "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT, or launch with torchrun"
+
+
+def _check_rank_variables(env: Mapping[str, str]) -> None:
+    """Refuse RANK/WORLD_SIZE that would make the rendezvous wait (30 minutes by default) for ranks
+    that never come: not numbers, a rank outside the world, no launcher around them, or srun's
+    own ranks saying otherwise (without torchrun, which sets its own)."""
+    rank_text, world_text = env["RANK"], env["WORLD_SIZE"]
+    if not (rank_text.isdigit() and world_text.isdigit()) or int(world_text) < 1:
+        raise ValueError(f"RANK={rank_text!r} and WORLD_SIZE={world_text!r} must be whole numbers, WORLD_SIZE >= 1: "
+                         f"{_UNSET_HINT}")
+    rank, world_size = int(rank_text), int(world_text)
+    if rank >= world_size:
+        raise ValueError(f"RANK={rank} is not below WORLD_SIZE={world_size}: {_UNSET_HINT}")
+    if world_size > 1 and not any(marker in env for marker in _LAUNCHER_MARKERS):
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} are set, but no launcher started this process "
+                         "(no torchrun, srun, mpirun or Kubernetes variables): an export left in this shell? The "
+                         f"probe would wait for {world_size - 1} more rank(s) that never start; {_UNSET_HINT}")
+    slurm = (env.get("SLURM_PROCID"), env.get("SLURM_STEP_NUM_TASKS"))
+    if "TORCHELASTIC_RUN_ID" not in env and None not in slurm and slurm != (rank_text, world_text):
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} disagree with this srun step's rank {slurm[0]} of "
+                         f"{slurm[1]}: an export left in the job's environment? unset RANK and WORLD_SIZE under srun")
+
+
+def _slurm_master_addr(env: Mapping[str, str]) -> str:
+    """MASTER_ADDR if the job set it (launchers/slurm/benchmark.sbatch does), else the first node of the step:
+    srun's default block distribution puts rank 0 there. SLURM_LAUNCH_NODE_IPADDR (where srun ran) is the
+    last resort: right from a batch script, wrong from a login node, which runs no rank."""
+    if env.get("MASTER_ADDR"):
+        return env["MASTER_ADDR"]
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if nodelist:
+        return first_host(nodelist)
+    if env.get("SLURM_LAUNCH_NODE_IPADDR"):
+        return env["SLURM_LAUNCH_NODE_IPADDR"]
+    raise ValueError("under srun but neither MASTER_ADDR, SLURM_STEP_NODELIST, SLURM_JOB_NODELIST nor "
+                     "SLURM_LAUNCH_NODE_IPADDR is set: export MASTER_ADDR=<first node>")
+
+
+def _slurm_master_port(env: Mapping[str, str]) -> str:
+    """The same port on every rank of the step, different for each job and step (a probe, then training)."""
+    job, step = env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0")
+    job_id, step_id = (int(value) if value.isdigit() else 0 for value in (job, step))
+    return str(20000 + (job_id * 16 + step_id) % 40000)
+
+
+_BRACKET = re.compile(r"\[([^\]]*)\]")
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist: "gpu[07-09,12],login1" -> "gpu07", "rack[1-2]-n[03-04]" -> "rack1-n03".
+    Parsed here because containers (Pyxis) often lack `scontrol show hostnames`."""
+    depth, end = 0, len(nodelist)
+    for index, char in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            end = index
+            break
+    first = _BRACKET.sub(lambda match: re.split(r"[,-]", match.group(1))[0], nodelist[:end].strip())
+    if not first or "[" in first or "]" in first:
+        raise ValueError(f"cannot read the first host of Slurm nodelist {nodelist!r}: export MASTER_ADDR")
+    return first

@@ -15,21 +15,19 @@ import torch.multiprocessing as mp
 
 from conftest import free_port
 from nemo_throughput import cli
-from nemo_throughput.explain import probe
+from nemo_throughput.environment import first_host, launcher_env
 from nemo_throughput.explain.probe import (
     ENV_TEST_SLOWDOWN,
     OPS,
     bandwidths_gbps,
     bus_factor,
-    first_host,
     flag_outliers,
-    launcher_env,
     op_shape,
     outlier_bounds,
-    parse_size_bytes,
     run_probe,
     sendrecv_pairs,
 )
+from nemo_throughput.explain.probe_command import parse_size_bytes, render
 
 BIN = Path(sys.executable).parent
 SMALL_SIZES = (4096, 65536)
@@ -169,7 +167,7 @@ def test_probe_on_a_one_rank_group_skips_collectives_with_that_reason():
         dist.destroy_process_group()
     assert (result["backend"], result["world_size"], result["collectives"]) == ("gloo", 1, [])
     assert all("one rank" in skip["reason"] for skip in result["skipped"])
-    assert "collectives skipped: the process group has one rank" in probe.render(result)
+    assert "collectives skipped: the process group has one rank" in render(result)
 
 
 def test_probe_refuses_bad_arguments_before_any_collective():

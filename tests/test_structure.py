@@ -152,7 +152,6 @@ def test_library_modules_never_import_the_command_modules():
     assert {module: targets for module, targets in offenders.items() if targets} == {}
 
 
-@pytest.mark.xfail(strict=True, reason="explain/probe.py still holds the probe's argparse subcommand")
 def test_the_callback_does_not_load_argparse_code():
     """What the callback may import when a Trainer is made (at the top or later): no command module,
     no module that builds argument parsers."""

@@ -10,35 +10,27 @@ waits for). Everything here is collective: every rank of the group calls :func:`
 every decision that changes which collectives run next (skip an op, how many iterations) is taken
 from values all ranks share, so no rank can run a collective the others do not.
 
-Also `nemo-throughput probe`, the same measurement as a command under torchrun or srun.
+`nemo-throughput probe` (:mod:`nemo_throughput.explain.probe_command`) runs it as a command under
+torchrun or srun.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import math
 import os
-import re
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nemo_throughput.environment import gpu_index, node_name
-from nemo_throughput.outputs import check_output_file
-from nemo_throughput.text import printable
 
 if TYPE_CHECKING:
     import torch
 
-# torch is imported in the functions that use it: `nemo-throughput --help` and the other subcommands
-# register this one's options without loading it.
+# torch is imported in the functions that use it: `nemo-throughput probe --help` does not load it.
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +50,6 @@ ALIGN_ELEMENTS = 16 // ELEMENT_BYTES
 OUTLIER_MADS, OUTLIER_MIN_FRACTION = 3.0, 0.10
 # Only for tests: this rank repeats every matmul N times but counts it once (a rank made slow on purpose).
 ENV_TEST_SLOWDOWN = "NEMO_THROUGHPUT_PROBE_TEST_SLOWDOWN"
-# How long ranks wait for each other to join (and for a collective): torch's default is 30 minutes.
-DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 
 
 # ------------------------------------------------------------------------------ nccl-tests arithmetic
@@ -481,258 +471,3 @@ def _require_positive_int(name: str, value: Any, allow_zero: bool = False) -> No
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
         raise ValueError(f"{name} must be a whole number {'>= 0' if allow_zero else '>= 1'}, got {value!r}")
 
-
-# ------------------------------------------------------------------------------------ the table
-def render(result: Mapping[str, Any]) -> str:
-    """An nccl-tests-like table: one block per op (size, count, type, time, algbw, busbw), then per rank."""
-    lines = [f"# nemo-throughput probe: {result['world_size']} ranks, backend {result['backend'] or 'none'}, "
-             f"device {result['device']}; time = {result['time_over_ranks']} over ranks of each rank's mean "
-             f"time per op; GB/s = 1e9 B/s; busbw as nccl-tests (doc/PERFORMANCE.md)"]
-    header = f"#{'size':>11} {'count':>11} {'type':>6} {'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} " \
-             f"{'iters':>6}"
-    whole_skips = {skip["reason"] for skip in result["skipped"] if skip["bytes"] is None}
-    if not result["collectives"] and len(whole_skips) == 1:  # one rank: one reason for all
-        lines += ["#", f"# collectives skipped: {whole_skips.pop()}"]
-    for op in OPS if result["collectives"] or len(whole_skips) > 1 else ():
-        rows = [row for row in result["collectives"] if row["op"] == op]
-        skips = [skip for skip in result["skipped"] if skip["op"] == op]
-        if not rows and not skips:
-            continue
-        lines += ["#", f"# {op}" + (f" (pairs {_pairs_text(result['sendrecv']['pairs'])})" if op == "sendrecv" and
-                                    result["sendrecv"]["pairs"] else "")] + ([header] if rows else [])
-        lines += [f" {row['bytes']:>11} {row['count']:>11} {row['type']:>6} {row['time_us']:>11.1f} "
-                  f"{row['algbw_gbps']:>12.3f} {row['busbw_gbps']:>12.3f} {row['iterations']:>6}" for row in rows]
-        lines += [f"  skipped{'' if skip['bytes'] is None else ' at ' + str(skip['bytes'])}: {skip['reason']}"
-                  for skip in skips]
-    lines += ["#", "# per rank", _PER_RANK_HEADER]
-    matmul, sendrecv = result["matmul_tflops"], result["sendrecv"]
-    for place, tflops, busbw in zip(result["ranks"], matmul["per_rank"], sendrecv["busbw_gbps_per_rank"],
-                                    strict=True):
-        gpu = "" if place["gpu_index"] is None else str(place["gpu_index"])
-        lines.append(f" {place['rank']:>5} {place['host']:>20} {gpu:>4} {tflops:>16.3f} "
-                     f"{'' if busbw is None else f'{busbw:.3f}':>20}")
-    lines.append(f"# matmul: {matmul['n']} x {matmul['n']} {matmul['dtype']}, median {matmul['median']:.3f} TFLOP/s"
-                 + (f"; send/recv per rank at {sendrecv['bytes']} bytes" if sendrecv["bytes"] else ""))
-    flagged = result["flagged_ranks"]
-    lines.append("# flagged (outside median +- max(3 MAD, 10 %)): "
-                 + ("none" if not flagged else "; ".join(
-                     f"rank {f['rank']} on {f['host']}: {f['what']} {f['value']:.3f} (median {f['median']:.3f})"
-                     for f in flagged)))
-    return "\n".join(lines) + "\n"
-
-
-_PER_RANK_HEADER = f"#{'rank':>5} {'host':>20} {'gpu':>4} {'matmul(TFLOP/s)':>16} {'sendrecv busbw(GB/s)':>20}"
-
-
-def _pairs_text(pairs: list[list[int]]) -> str:
-    shown = ", ".join(f"{a}<->{b}" for a, b in pairs[:4])
-    return shown + (f", ... ({len(pairs)} pairs)" if len(pairs) > 4 else "")
-
-
-# ------------------------------------------------------------------------------------ the command
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:I?B)?\s*$", re.IGNORECASE)
-
-
-def parse_size_bytes(text: str) -> int:
-    """"8K", "8KiB", "64M", "1G" (binary units) or plain bytes."""
-    match = _SIZE.match(text)
-    if not match or int(match.group(1)) < 1:
-        raise ValueError(f"size {text!r} is not a positive number of bytes, e.g. 8K, 64MiB or 1048576")
-    return int(match.group(1)) * {"": 1, "K": KIB, "M": MIB, "G": GIB}[match.group(2).upper()]
-
-
-def _sizes_argument(text: str) -> list[int]:
-    try:
-        return [parse_size_bytes(part) for part in text.split(",")]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{error}; give a comma-separated list, e.g. 8K,1M,64M") from None
-
-
-def _count_argument(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
-        return int(text)
-    return parse
-
-
-def _seconds_argument(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return seconds
-
-
-def add_parsers(commands: argparse._SubParsersAction) -> None:
-    probe = commands.add_parser(
-        "probe", help="the fabric and the GPUs before a run: collectives' algbw/busbw (nccl-tests' way) and a "
-                      "matmul TFLOP/s per rank, ranks out of line named",
-        description="Run it on every rank, e.g. `torchrun --nproc-per-node 8 -m nemo_throughput.cli probe` or "
-                    "`srun nemo-throughput probe`: a few seconds of all_reduce, all_gather, reduce_scatter, "
-                    "all_to_all and send/recv at several sizes, then a matmul per rank. Rank 0 prints the table "
-                    "(and writes --output). Exit status: 0 measured, 2 wrong options or launch environment.")
-    probe.add_argument("--sizes", type=_sizes_argument,
-                       help="message sizes, comma-separated, e.g. 8K,1M,64M (default 8K,128K,1M,8M,64M on NCCL, "
-                            "4K,64K,1M on gloo)")
-    probe.add_argument("--output", type=Path, help="write the result as JSON to this file (rank 0); its directory "
-                                                   "must exist")
-    probe.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl when CUDA is available, else gloo")
-    probe.add_argument("--iterations", type=_count_argument(1), default=DEFAULT_ITERATIONS,
-                       help=f"timed ops per op and size, at most ({DEFAULT_ITERATIONS})")
-    probe.add_argument("--warmup", type=_count_argument(0), default=DEFAULT_WARMUP,
-                       help=f"warm-up ops per op and size, at most ({DEFAULT_WARMUP})")
-    probe.add_argument("--time-budget", type=_seconds_argument,
-                       help="seconds for all collectives together, roughly (5 on NCCL, 2 on gloo)")
-    probe.add_argument("--rendezvous-timeout", type=_seconds_argument, default=DEFAULT_RENDEZVOUS_TIMEOUT_S,
-                       help=f"seconds the ranks wait for each other to start ({DEFAULT_RENDEZVOUS_TIMEOUT_S:g})")
-    probe.set_defaults(handler=run_command)
-
-
-def run_command(args: argparse.Namespace) -> int:
-    import torch
-    import torch.distributed as dist
-
-    try:
-        backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if backend == "nccl" and not torch.cuda.is_available():
-            raise ValueError("--backend nccl needs CUDA, and no CUDA device is available here: use --backend gloo")
-        if args.output is not None:
-            check_output_file(args.output, "--output")
-        rendezvous = launcher_env(os.environ)
-    except ValueError as error:
-        print(f"nemo-throughput probe: {error}", file=sys.stderr)
-        return 2
-    initialised_here = rendezvous is not None and not dist.is_initialized()
-    try:
-        device = _init_process_group(backend, rendezvous, args.rendezvous_timeout)
-    except (RuntimeError, ValueError) as error:  # torch's DistStoreError/DistNetworkError are RuntimeErrors
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        print(f"nemo-throughput probe: rank {rendezvous['RANK']} of {rendezvous['WORLD_SIZE']} could not meet the "
-              f"other ranks at {printable(rendezvous['MASTER_ADDR'])}:{printable(rendezvous['MASTER_PORT'])} within "
-              f"{args.rendezvous_timeout:g} s ({printable(first_line)}); are all ranks started, and are RANK, "
-              "WORLD_SIZE and MASTER_ADDR this launch's? (--rendezvous-timeout to wait longer)", file=sys.stderr)
-        return 2
-    try:
-        result = run_probe(sizes_bytes=args.sizes, iterations=args.iterations, warmup=args.warmup, device=device,
-                           time_budget_s=args.time_budget)
-        rank_zero = not dist.is_initialized() or dist.get_rank() == 0
-    except ValueError as error:  # the same on every rank: arguments or settings
-        print(f"nemo-throughput probe: {error}", file=sys.stderr)
-        return 2
-    finally:
-        if initialised_here:
-            dist.destroy_process_group()
-    if rank_zero:
-        print(render(result), end="", flush=True)
-        if args.output is not None:
-            args.output.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
-
-
-def _init_process_group(backend: str, rendezvous: dict[str, str] | None, timeout_s: float) -> torch.device:
-    """init_process_group from the env:// variables when launched on several ranks (not when the process
-    group exists already); the device this rank probes, made current on CUDA."""
-    import torch
-    import torch.distributed as dist
-
-    if rendezvous is not None and not dist.is_initialized():
-        os.environ.update(rendezvous)
-    device = torch.device("cpu")
-    if backend == "nccl":
-        # LOCAL_RANK indexes the node's GPUs, unless Slurm gave each task its own (--gpus-per-task): one visible
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    if rendezvous is not None and not dist.is_initialized():
-        dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
-    return device
-
-
-def launcher_env(env: Mapping[str, str]) -> dict[str, str] | None:
-    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for init_process_group(env://): torchrun's
-    as they are; under srun without torchrun derived from Slurm's; None when neither launched this process
-    (one process: the probe measures the matmul only)."""
-    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, or a Kubeflow PyTorchJob, or a launcher that set them
-        missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not env.get(key)]
-        if missing:
-            raise ValueError(f"RANK and WORLD_SIZE are set but {' and '.join(missing)} not: launch with torchrun "
-                             f"or set them")
-        _check_rank_variables(env)
-        return {"RANK": env["RANK"], "WORLD_SIZE": env["WORLD_SIZE"], "LOCAL_RANK": env.get("LOCAL_RANK", "0"),
-                "MASTER_ADDR": env["MASTER_ADDR"], "MASTER_PORT": env["MASTER_PORT"]}
-    # SLURM_STEP_NUM_TASKS exists only inside an srun step: a batch script's own shell (one process) also
-    # sees SLURM_NTASKS, and taking it for the world size would wait forever for ranks that never start.
-    if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
-        return None
-    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
-            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "MASTER_ADDR": _slurm_master_addr(env),
-            "MASTER_PORT": env.get("MASTER_PORT") or _slurm_master_port(env)}
-
-
-# Variables that only a launcher sets: with none of them, RANK/WORLD_SIZE are an export left in the shell.
-_LAUNCHER_MARKERS = ("TORCHELASTIC_RUN_ID", "KUBERNETES_SERVICE_HOST", "SLURM_STEP_ID", "OMPI_COMM_WORLD_SIZE",
-                     "PMI_SIZE", "PMIX_RANK")
-_UNSET_HINT = "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT, or launch with torchrun"
-
-
-def _check_rank_variables(env: Mapping[str, str]) -> None:
-    """Refuse RANK/WORLD_SIZE that would make the rendezvous wait (30 minutes by default) for ranks
-    that never come: not numbers, a rank outside the world, no launcher around them, or srun's
-    own ranks saying otherwise (without torchrun, which sets its own)."""
-    rank_text, world_text = env["RANK"], env["WORLD_SIZE"]
-    if not (rank_text.isdigit() and world_text.isdigit()) or int(world_text) < 1:
-        raise ValueError(f"RANK={rank_text!r} and WORLD_SIZE={world_text!r} must be whole numbers, WORLD_SIZE >= 1: "
-                         f"{_UNSET_HINT}")
-    rank, world_size = int(rank_text), int(world_text)
-    if rank >= world_size:
-        raise ValueError(f"RANK={rank} is not below WORLD_SIZE={world_size}: {_UNSET_HINT}")
-    if world_size > 1 and not any(marker in env for marker in _LAUNCHER_MARKERS):
-        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} are set, but no launcher started this process "
-                         "(no torchrun, srun, mpirun or Kubernetes variables): an export left in this shell? The "
-                         f"probe would wait for {world_size - 1} more rank(s) that never start; {_UNSET_HINT}")
-    slurm = (env.get("SLURM_PROCID"), env.get("SLURM_STEP_NUM_TASKS"))
-    if "TORCHELASTIC_RUN_ID" not in env and None not in slurm and slurm != (rank_text, world_text):
-        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} disagree with this srun step's rank {slurm[0]} of "
-                         f"{slurm[1]}: an export left in the job's environment? unset RANK and WORLD_SIZE under srun")
-
-
-def _slurm_master_addr(env: Mapping[str, str]) -> str:
-    """MASTER_ADDR if the job set it (launchers/slurm/benchmark.sbatch does), else the first node of the step:
-    srun's default block distribution puts rank 0 there. SLURM_LAUNCH_NODE_IPADDR (where srun ran) is the
-    last resort: right from a batch script, wrong from a login node, which runs no rank."""
-    if env.get("MASTER_ADDR"):
-        return env["MASTER_ADDR"]
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    if nodelist:
-        return first_host(nodelist)
-    if env.get("SLURM_LAUNCH_NODE_IPADDR"):
-        return env["SLURM_LAUNCH_NODE_IPADDR"]
-    raise ValueError("under srun but neither MASTER_ADDR, SLURM_STEP_NODELIST, SLURM_JOB_NODELIST nor "
-                     "SLURM_LAUNCH_NODE_IPADDR is set: export MASTER_ADDR=<first node>")
-
-
-def _slurm_master_port(env: Mapping[str, str]) -> str:
-    """The same port on every rank of the step, different for each job and step (a probe, then training)."""
-    job, step = env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0")
-    job_id, step_id = (int(value) if value.isdigit() else 0 for value in (job, step))
-    return str(20000 + (job_id * 16 + step_id) % 40000)
-
-
-_BRACKET = re.compile(r"\[([^\]]*)\]")
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm hostlist: "gpu[07-09,12],login1" -> "gpu07", "rack[1-2]-n[03-04]" -> "rack1-n03".
-    Parsed here because containers (Pyxis) often lack `scontrol show hostnames`."""
-    depth, end = 0, len(nodelist)
-    for index, char in enumerate(nodelist):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            end = index
-            break
-    first = _BRACKET.sub(lambda match: re.split(r"[,-]", match.group(1))[0], nodelist[:end].strip())
-    if not first or "[" in first or "]" in first:
-        raise ValueError(f"cannot read the first host of Slurm nodelist {nodelist!r}: export MASTER_ADDR")
-    return first
