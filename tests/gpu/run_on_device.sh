@@ -111,7 +111,7 @@ run_step() {  # run_step NAME SECONDS COMMAND...: log to logs/NAME.log, record t
 run_step tests 300 "$PY" -m pytest -v -rA -p no:cacheprovider tests/gpu --junitxml "$WORK/logs/tests_gpu.xml"
 run_step bench 240 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-126m --steps 60 --rounds 5 \
     --conditions no-callback,nemo-throughput,lightning-throughput-monitor \
-    --output "$WORK/bench_gpt3-126m.json"
+    --format json --output "$WORK/bench_gpt3-126m.json"
 if case ",$steps," in *,nemo,*) true ;; *) false ;; esac && [ -z "$nemo_complete" ]; then
     note "skip  nemo: the NeMo wheels are not all here (see above)"
 else
@@ -119,8 +119,8 @@ else
         --trace-steps 19:22
 fi
 run_step bench-large 300 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-2.7b --steps 30 \
-    --window 10:30 --rounds 3 --conditions no-callback,nemo-throughput,lightning-throughput-monitor --no-sync-count \
-    --output "$WORK/bench_gpt3-2.7b.json"
+    --window 11: --rounds 3 --conditions no-callback,nemo-throughput,lightning-throughput-monitor --no-sync-count \
+    --format json --output "$WORK/bench_gpt3-2.7b.json"
 
 # ---------------------------------------------------------------------------------------- results
 for file in "$WORK/tests/gpu_results.json" "$WORK/bench_gpt3-126m.json" "$WORK/bench_gpt3-2.7b.json" \
@@ -135,8 +135,8 @@ fi
 note "results in \$OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 tail -40 "$WORK"/logs/tests.log 2>/dev/null | grep -E "passed|failed|error|PASSED|FAILED|ERROR" | tail -20
 for size in gpt3-126m gpt3-2.7b; do
-    [ -f "$WORK/bench_$size.json" ] && "$PY" -c "import json, sys; from nemo_throughput.bench import render
-print(render(json.load(open(sys.argv[1]))))" "$WORK/bench_$size.json"
+    [ -f "$WORK/bench_$size.json" ] && "$PY" -c "import json, sys; from nemo_throughput.bench.render import render
+print(render(json.load(open(sys.argv[1]))), end='')" "$WORK/bench_$size.json"
 done
 [ -f "$WORK/nemo2/nemo2_compare.json" ] && tail -30 "$WORK/logs/nemo.log"
 exit 0
