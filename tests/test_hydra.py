@@ -91,44 +91,112 @@ for override in ("+callbacks=throughput", "+other=1"):
 """
 
 
-def test_a_later_job_in_the_same_process_that_did_not_ask_gets_no_callback(tmp_path):
-    result = run_python("-c", TWO_JOBS_IN_ONE_PROCESS, cwd=tmp_path)
+def demo_overrides(tmp_path, *extra):
+    return ["-m", "nemo_throughput.demo.train", *demo_args(tmp_path, *extra)]
+
+
+def demo_args(tmp_path, *extra):
+    return ["trainer.devices=1", "trainer.max_steps=6", "model.global_batch_size=4", "model.num_layers=1",
+            f"exp_manager.exp_dir={tmp_path}", f"hydra.run.dir={tmp_path}", *extra]
+
+
+WRONG_SETTINGS = [
+    ("callbacks.throughput.peak_tflops=abc", "peak_tflops must be a number"),
+    ("callbacks.throughput.dtype=123", "dtype must be a string"),
+    ("callbacks.throughput.model_spec=5", "model_spec must be a mapping"),
+    ("callbacks.throughput.run_label=123", "run_label must be a string"),
+    ("callbacks.throughput.per_step_jsonl=no", "per_step_jsonl must be true or false"),
+    ("callbacks.throughput.peak_tflops=-1", "peak_tflops must be a positive"),
+]
+
+
+def trainer_without_asking(namespace):
+    return (f"import {namespace} as pl\nt = pl.Trainer(logger=False)\n"
+            "print(sorted(type(c).__name__ for c in t.callbacks))\n")
+
+
+@dataclasses.dataclass
+class Run:
+    dir: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """This module's programs, each as `python FILE` or `python -m nemo_throughput.demo.train ARGS`
+    would run it, all in ONE fresh interpreter (tests/scripts/run_in_one_process.py), one after
+    another: importing torch, Lightning and Hydra is most of each run's time. The Trainers that did
+    not ask come first, before any job asked; the demo's jobs follow one another as in Hydra's
+    multirun, so a setting must not leak from one job into the next."""
+    base = tmp_path_factory.mktemp("runs")
+    (base / "a-file").write_text("")
+    programs = {
+        "no_ask_lightning.pytorch": trainer_without_asking("lightning.pytorch"),
+        "no_ask_pytorch_lightning": trainer_without_asking("pytorch_lightning"),
+        "two_jobs": TWO_JOBS_IN_ONE_PROCESS,
+    }
+    jobs = {
+        "misspelt_added": ["+callbacks=throughput", "+callbacks.throughput.log_every=3"],
+        "misspelt": ["+callbacks=throughput", "callbacks.throughput.log_every=3"],
+        **{override: ["+callbacks=throughput", override] for override, _ in WRONG_SETTINGS},
+        "output_dir_under_a_file": ["+callbacks=throughput", f"callbacks.throughput.output_dir={base}/a-file/run"],
+        "debug": ["+callbacks=throughput_debug", "callbacks.throughput.warmup_steps=2",
+                  f"callbacks.throughput.output_dir={base}/debug/throughput"],
+    }
+    specs = []
+    for index, (name, text) in enumerate(programs.items()):
+        run_dir = base / f"program{index}"
+        run_dir.mkdir()
+        (run_dir / "program.py").write_text(text)
+        specs.append({"name": name, "program": str(run_dir / "program.py"), "cwd": str(run_dir), "argv": []})
+    for index, (name, extra) in enumerate(jobs.items()):
+        run_dir = base / f"job{index}"  # its working, Hydra and experiment directory
+        run_dir.mkdir()
+        specs.append({"name": name, "module": "nemo_throughput.demo.train", "cwd": str(run_dir),
+                      "argv": demo_args(run_dir, *extra)})
+    (base / "runs.json").write_text(json.dumps(specs))
+    driver = run_python(REPO / "tests" / "scripts" / "run_in_one_process.py", base / "runs.json", cwd=base,
+                        timeout=600)
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    results = {"base": base}
+    for spec in specs:
+        run_dir = Path(spec["cwd"])
+        results[spec["name"]] = Run(run_dir, int((run_dir / "exit_code").read_text()),
+                                    (run_dir / "stdout.txt").read_text(), (run_dir / "stderr.txt").read_text())
+    return results
+
+
+def test_a_later_job_in_the_same_process_that_did_not_ask_gets_no_callback(runs):
+    result = runs["two_jobs"]
     assert result.returncode == 0, result.stderr
     asked, other = [line for line in result.stdout.splitlines() if line.startswith("+")]
     assert "ThroughputCallback" in asked and "ThroughputCallback" not in other
 
 
 @pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
-def test_a_trainer_that_did_not_ask_gets_no_callback(namespace):
-    result = run_python("-c", f"import {namespace} as pl; t = pl.Trainer(logger=False); "
-                              "print(sorted(type(c).__name__ for c in t.callbacks))")
+def test_a_trainer_that_did_not_ask_gets_no_callback(runs, namespace):
+    result = runs[f"no_ask_{namespace}"]
     assert result.returncode == 0, result.stderr
-    assert "ThroughputCallback" not in result.stdout
-
-
-def demo_overrides(tmp_path, *extra):
-    return ["-m", "nemo_throughput.demo.train", "trainer.devices=1", "trainer.max_steps=6",
-            "model.global_batch_size=4", "model.num_layers=1", f"exp_manager.exp_dir={tmp_path}",
-            f"hydra.run.dir={tmp_path}", *extra]
+    assert "ThroughputCallback" not in result.stdout and "[" in result.stdout
 
 
 @pytest.mark.slow
-def test_misspelt_keys_fail_at_start_up_with_the_valid_keys(tmp_path):
-    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput", "+callbacks.throughput.log_every=3"))
+def test_misspelt_keys_fail_at_start_up_with_the_valid_keys(runs):
+    result = runs["misspelt_added"]
     assert result.returncode != 0
     assert "Unknown throughput setting(s) ['log_every']; valid keys: ['log_every_n_steps'" in result.stderr
     assert "Trainer" not in result.stderr  # it failed before any training was set up
     # without the +, Hydra itself refuses the key
-    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput", "callbacks.throughput.log_every=3"))
+    result = runs["misspelt"]
     assert result.returncode != 0 and "log_every" in result.stderr
 
 
 @pytest.mark.slow
-def test_debug_variant_writes_every_step(tmp_path):
-    out = tmp_path / "throughput"
-    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput_debug", "callbacks.throughput.warmup_steps=2",
-                                        f"callbacks.throughput.output_dir={out}"))
-    assert result.returncode == 0, result.stderr
+def test_debug_variant_writes_every_step(runs):
+    out = runs["base"] / "debug" / "throughput"
+    assert runs["debug"].returncode == 0, runs["debug"].stderr
     assert len((out / "steps.jsonl").read_text().splitlines()) == 6
     assert json.loads((out / "summary.json").read_text())["timing"]["steps_measured"] == 4
 
@@ -166,34 +234,25 @@ def test_the_built_wheel_works_on_its_own(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("override, message", [
-    ("callbacks.throughput.peak_tflops=abc", "peak_tflops must be a number"),
-    ("callbacks.throughput.dtype=123", "dtype must be a string"),
-    ("callbacks.throughput.model_spec=5", "model_spec must be a mapping"),
-    ("callbacks.throughput.run_label=123", "run_label must be a string"),
-    ("callbacks.throughput.per_step_jsonl=no", "per_step_jsonl must be true or false"),
-    ("callbacks.throughput.peak_tflops=-1", "peak_tflops must be a positive"),
-])
-def test_a_wrong_setting_on_the_command_line_stops_the_job_before_training(tmp_path, override, message):
+@pytest.mark.parametrize("override, message", WRONG_SETTINGS)
+def test_a_wrong_setting_on_the_command_line_stops_the_job_before_training(runs, override, message):
     """Hydra turns exceptions of job callbacks into warnings: the job must still fail, not train unmeasured."""
-    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput", override))
+    result = runs[override]
     assert result.returncode != 0, result.stderr
     assert f"nemo-throughput: {message}" in result.stderr
     assert "raised" not in result.stderr  # not a warning from Hydra's callback runner
     assert "GPU available" not in result.stderr  # no Trainer was built
-    assert not list(tmp_path.rglob("summary.json"))
+    assert not list(result.dir.rglob("summary.json"))
 
 
 @pytest.mark.slow
-def test_an_output_directory_under_a_file_stops_the_job_with_one_line(tmp_path):
+def test_an_output_directory_under_a_file_stops_the_job_with_one_line(runs):
     """Found at the Trainer's set-up, after the job callback: still one line, no traceback."""
-    (tmp_path / "a-file").write_text("")
-    result = run_python(*demo_overrides(tmp_path, "+callbacks=throughput",
-                                        f"callbacks.throughput.output_dir={tmp_path}/a-file/run"))
+    result, base = runs["output_dir_under_a_file"], runs["base"]
     assert result.returncode != 0
     said = [line for line in result.stderr.splitlines() if "cannot write to the output directory" in line]
     assert len(said) == 1 and said[0].startswith(f"nemo-throughput cannot write to the output directory "
-                                                 f"{tmp_path}/a-file/run: Not a directory."), result.stderr
+                                                 f"{base}/a-file/run: Not a directory."), result.stderr
     assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
 
 

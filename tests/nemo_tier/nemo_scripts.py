@@ -1,7 +1,7 @@
 """Runs NeMo programs (the scripts of tests/nemo_tier/scripts, NeMo's own CLI) for the tests.
 
 Importing NeMo takes most of a run's time, so a test module hands all its runs to ONE fresh
-interpreter (scripts/run_in_one_process.py), which runs each program as `python FILE ARGS` would,
+interpreter (tests/scripts/run_in_one_process.py), which runs each program as `python FILE ARGS` would,
 in its own directory, and the tests assert on each run's outputs.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 SCRIPTS = Path(__file__).parent / "scripts"
 NEMO_CLI = Path(sys.executable).parent / "nemo"
+ONE_PROCESS = Path(__file__).parents[1] / "scripts" / "run_in_one_process.py"
 
 
 @dataclass
@@ -51,7 +52,7 @@ def run_in_one_process(runs: list[Run], base: Path, timeout: float = 900) -> dic
         specs.append({"program": str(program), "argv": [str(a) for a in run.argv], "cwd": str(cwd), "env": env})
     (base / "runs.json").write_text(json.dumps(specs, indent=1))
     env = {**os.environ, "NVIDIA_PYTORCH_VERSION": "24.09", "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
-    driver = subprocess.run([sys.executable, str(SCRIPTS / "run_in_one_process.py"), str(base / "runs.json")],
+    driver = subprocess.run([sys.executable, str(ONE_PROCESS), str(base / "runs.json")],
                             env=env, cwd=base, capture_output=True, text=True, timeout=timeout)
     assert driver.returncode == 0, driver.stderr[-3000:]
     return {run.name: read_result(base / run.name) for run in runs}

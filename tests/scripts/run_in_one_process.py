@@ -1,13 +1,14 @@
 """Run several programs as `__main__`, one after another, in this one interpreter.
 
-Importing NeMo costs most of each test's time, so the tests of a module hand their runs to one
-process: each run executes the program's file exactly as `python FILE ARGS` would (runpy with
+Importing NeMo (or torch, Lightning and Hydra) costs most of each test's time, so the tests of a
+module hand their runs to one process: each run executes the program's file exactly as
+`python FILE ARGS` would, or a module as `python -m MODULE ARGS` would (runpy with
 run_name="__main__", its own sys.argv, working directory and extra environment), with file
 descriptors 1 and 2 sent to its own files, so every line any library writes is caught.
 Its exit status is worked out as the interpreter does at exit (None -> 0, an int -> itself,
 anything else -> printed to stderr, 1; an uncaught exception -> its traceback, 1).
 
-Usage: run_in_one_process.py RUNS.json, a list of {"program", "argv", "cwd", "env"}; writes
+Usage: run_in_one_process.py RUNS.json, a list of {"program" or "module", "argv", "cwd", "env"}; writes
 stdout.txt, stderr.txt and exit_code into each run's cwd.
 """
 
@@ -28,11 +29,14 @@ def exit_code_of(exit: SystemExit) -> int:
     return 1
 
 
-def run_as_main(program: str, argv: list[str]) -> int:
-    sys.argv = [program, *argv]
-    sys.path[0] = str(Path(program).parent)
+def run_as_main(program: str | None, module: str | None, argv: list[str]) -> int:
+    sys.argv = [program or module, *argv]
+    sys.path[0] = str(Path(program).parent) if program else os.getcwd()
     try:
-        runpy.run_path(program, run_name="__main__")
+        if program:
+            runpy.run_path(program, run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit:
         return exit_code_of(exit)
     except BaseException:  # noqa: BLE001 - reported as the interpreter would, then the next run
@@ -41,7 +45,7 @@ def run_as_main(program: str, argv: list[str]) -> int:
     return 0
 
 
-def run(program: str, argv: list[str], cwd: str, env: dict[str, str]) -> None:
+def run(program: str | None, module: str | None, argv: list[str], cwd: str, env: dict[str, str]) -> None:
     saved_fds = os.dup(1), os.dup(2)
     saved_env = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
@@ -50,7 +54,7 @@ def run(program: str, argv: list[str], cwd: str, env: dict[str, str]) -> None:
         os.dup2(stdout.fileno(), 1)
         os.dup2(stderr.fileno(), 2)
         try:
-            exit_code = run_as_main(program, argv)
+            exit_code = run_as_main(program, module, argv)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -66,4 +70,4 @@ def run(program: str, argv: list[str], cwd: str, env: dict[str, str]) -> None:
 
 if __name__ == "__main__":
     for spec in json.loads(Path(sys.argv[1]).read_text()):
-        run(spec["program"], spec["argv"], spec["cwd"], spec.get("env", {}))
+        run(spec.get("program"), spec.get("module"), spec["argv"], spec["cwd"], spec.get("env", {}))
