@@ -1,8 +1,9 @@
 """nemo-throughput: step timing, tokens/s and MFU for NeMo / Megatron GPT pretraining.
 
-Layers, dependencies pointing one way: core (torch only: timing, flops, hardware, aggregation,
-throughput, summary, environment, config) <- adapters (Lightning callback, NeMo config readers,
-Hydra glue) <- entry points (cli, demo, conf/ groups).
+Layers, dependencies pointing one way: base (errors, text, window: what every layer shares) <-
+core (torch only: timing, flops, hardware, aggregation, throughput, summary, environment, config)
+<- adapters (Lightning callback, NeMo config readers, Hydra glue) <- entry points (cli, the
+`command` modules, demo, conf/ groups). tests/test_structure.py checks the arrows.
 """
 
 import importlib
