@@ -1,5 +1,6 @@
 """The package's layers, read from its source (ast): which module imports which.
 
+- the base layer (errors, text, window) imports nothing else of the package;
 - importers/ reads logs into summaries and never needs the report (report/ reads summaries);
 - no circle among the package's modules at import time (what a module imports at its top);
 - library modules never import the command modules (`*/command.py`, `*_command.py`, cli.py):
@@ -133,6 +134,12 @@ def test_the_reader_of_imports_sees_every_kind_of_import():
     assert "nemo_throughput.aggregation" not in imports_of("nemo_throughput.importers.logs", top_level_only=True)
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_base_layer_imports_only_itself():
+    """errors, text and window sit under everything: they import no other module of the package."""
+    base = {"nemo_throughput.errors", "nemo_throughput.text", "nemo_throughput.window"}
+    assert {module: sorted(imports_of(module) - base) for module in base} == dict.fromkeys(base, [])
 
 
 def test_importers_never_import_the_report():
