@@ -28,8 +28,8 @@ def main() -> int:
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "pytest", str(TESTS / TEST), "-s", "-q", "-p", "no:cacheprovider", "--timeout", "0"],
-        env={**os.environ, "NEMO_THROUGHPUT_SIGTERM_TRIES": str(args.tries)}, capture_output=True, text=True,
-        cwd=TESTS.parent)
+        env={**os.environ, "NEMO_THROUGHPUT_SIGTERM_TRIES": str(args.tries), "NEMO_THROUGHPUT_KILL_WAIT_S": "20"},
+        capture_output=True, text=True, cwd=TESTS.parent)
     if args.log:
         args.log.write_text(result.stdout + result.stderr)
     # pytest -q prints a test's output right after its progress dot: not always at a line's start
