@@ -3,8 +3,9 @@ would otherwise use, in one run.
 
 The demo GPT trains for a fixed number of steps under each condition, conditions interleaved
 (A B C A B C ...) for several rounds. Every trial carries the same harness callback, which reads
-a synchronized wall clock at the first and last step of the window: its elapsed time over the
-step count is the true step time. Per condition: the median true step time over rounds, its
+a synchronized wall clock at the end of the step before the window (`--window`, report's syntax)
+and at the end of its last step: the elapsed time over the window's step count is the true step
+time. Per condition: the median true step time over rounds, its
 overhead against no callback (the median, and the mean of the per-round ratios with a 95 %
 confidence interval: rounds are paired, since each round runs every condition once), and the
 step time the condition's own tool reported over the same steps, with its error against the true

@@ -80,6 +80,10 @@ def clock_steps(window: Window, steps: int) -> tuple[int, int]:
 def run_bench(size: str | None = None, steps: int = 60, window: Window | None = None, rounds: int = 3,
               conditions: tuple[str, ...] = CONDITIONS, namespace: str | None = None, progress: Any = print,
               device: str = "auto", micro_batch_size: int | None = None, count_syncs: bool = True) -> dict[str, Any]:
+    """Every runnable condition once per round for `rounds` rounds of `steps` optimizer steps, after one
+    untimed warm-up trial; the result as JSON-ready values (step times in s, overheads in %, host time in
+    the tools' hooks in µs per step; see :meth:`Condition.result`). Raises ValueError before any trial
+    for arguments it cannot run."""
     import torch
 
     from nemo_throughput.adapters.nemo import padded_vocab_size
