@@ -10,7 +10,7 @@ from pathlib import Path
 from nemo_throughput.bench.render import render
 from nemo_throughput.bench.trials import CONDITIONS, DEVICES, SIZES, parse_conditions, run_bench
 from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
-from nemo_throughput.window import Window
+from nemo_throughput.window import SYNTAX, Window
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -25,8 +25,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                        help="model (default: gpt3-126m on CUDA, else cpu); gpt3-2.7b is the largest for one 80 GB GPU")
     bench.add_argument("--micro-batch-size", type=int, help="override the size's micro-batch")
     bench.add_argument("--steps", type=int, default=60, help="optimizer steps per trial (60)")
-    bench.add_argument("--window", help="steps timed, as report and import take them: A:B (steps A to B-1), A:, -N: "
-                                        "(the last N) or last; from step 2 on (default: the last three quarters)")
+    bench.add_argument("--window", help=f"steps timed, as report and import take them: {SYNTAX}; from step 2 "
+                                        "on (default: the last three quarters)")
     bench.add_argument("--rounds", type=int, default=3, help="rounds of all conditions (3)")
     bench.add_argument("--conditions", help="comma-separated subset of the conditions")
     bench.add_argument("--no-sync-count", action="store_true", help="skip the CUDA synchronization-count trials")
