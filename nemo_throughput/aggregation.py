@@ -6,13 +6,8 @@ on GPU, gloo on CPU. The collective is started on a log step and read on the nex
 neither the host nor the GPU waits for it. On NCCL the result is copied into pinned host
 memory behind an event, so reading it later needs no stream synchronisation either.
 
-What arrives is a tensor ``[ranks, steps, COLUMNS]``; the statistics are updated from it with
-tensor operations and running sums, so a log step costs the same at step 100 and at step
-100,000, and on 8 ranks or 8,000.
-
-The global time of a step is the slowest rank's. In synchronous data-parallel training all
-ranks' step periods are equal (the gradient all-reduce lines them up), so the straggler is
-found from the part of the step a rank spends before its first collective (data + forward).
+What arrives is a tensor ``[ranks, steps, COLUMNS]``; the reporting thread folds it into
+:class:`~nemo_throughput.run_stats.RunStats` (plain Python, shared with the importers).
 
 At the end of a run (completed, failed or interrupted) one last exchange takes the steps not yet
 reported. A rank may be gone or stuck by then, so it runs on a process group of its own (gloo,
@@ -22,7 +17,6 @@ after a timeout: the summary then says which steps it lacks.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import os
@@ -35,11 +29,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from nemo_throughput.timing import PHASE_TIMES, StepTimes
+from nemo_throughput.run_stats import COLUMNS, Interval, RunStats, SortedValues, rank_rows
+from nemo_throughput.timing import StepTimes
 
-COLUMNS = ("step", *StepTimes.VALUES)  # step number, step_s, then the phases (NaN: not observed)
-_TOTALS = ("step_s", *PHASE_TIMES, "local_s")  # local = data + forward
-_DATA, _FORWARD = COLUMNS.index("data_s"), COLUMNS.index("forward_s")
+__all__ = ["COLUMNS", "Exchange", "FinalSteps", "Gathered", "Interval", "RunStats", "SortedValues", "step_times",
+           "steps_tensor"]
 
 ENV_FINAL_EXCHANGE_TIMEOUT_S = "NEMO_THROUGHPUT_FINAL_EXCHANGE_TIMEOUT_S"
 DEFAULT_FINAL_EXCHANGE_TIMEOUT_S = 10.0  # well inside Slurm's KillWait and Kubernetes' grace period (30 s)
@@ -64,9 +58,8 @@ def final_exchange_timeout_s() -> float:
 
 def steps_tensor(per_rank: list[list[StepTimes]]) -> torch.Tensor:
     """``[ranks, steps, COLUMNS]`` float64 from each rank's StepTimes."""
-    rows = [[[float(s.step), *s.to_floats()] for s in steps] for steps in per_rank]
     steps = len(per_rank[0]) if per_rank else 0
-    return torch.tensor(rows, dtype=torch.float64).reshape(len(per_rank), steps, len(COLUMNS))
+    return torch.tensor(rank_rows(per_rank), dtype=torch.float64).reshape(len(per_rank), steps, len(COLUMNS))
 
 
 def step_times(matrix: torch.Tensor, rank: int) -> list[StepTimes]:
@@ -272,219 +265,3 @@ class Exchange:
         remaining_s = max(deadline - time.monotonic(), 0.001)
         work.wait(timeout=timedelta(seconds=remaining_s))  # raises RuntimeError when it runs out
         return torch.stack(outputs)
-
-
-@dataclass
-class Interval:
-    """Statistics of the steps of one exchange, for the live log line and loggers.
-
-    The figures are over the interval's counted steps (those the run statistics take); only an
-    interval with none (all warm-up, say) is described by all its steps, and says so."""
-
-    first_step: int
-    last_step: int
-    step_time_s: float  # mean over steps of the slowest rank's time
-    max_step_time_s: float
-    slowest_rank: int
-    warmup: bool  # every step of it is warm-up
-    profiled: bool = False  # overlaps the profiled steps (left out of the statistics)
-    left_out: int = 0  # steps of it not counted (warm-up, profiled, skipped)
-    left_out_reasons: tuple[str, ...] = ()  # why, in words ("warm-up", "profiled", "skipped")
-
-
-class RunStats:
-    """All ranks' step times after warm-up, accumulated on every rank in O(steps of the interval).
-
-    Steps in ``excluded`` (first, last) (a profiled window), and steps marked with :meth:`skip` (the
-    framework skipped the update: Bridge's ``skipped_iter``), are reported live but left out of the
-    statistics, like warm-up steps."""
-
-    def __init__(self, world_size: int, warmup_steps: int, start_step: int = 0,
-                 excluded: tuple[int, int] | None = None) -> None:
-        self.world_size = world_size
-        self.warmup_steps = warmup_steps
-        self.start_step = start_step  # global step the run (or its resumption) began at
-        self.excluded = excluded
-        self.skipped: set[int] = set()
-        self.last_step: int | None = None
-        self._sorted = SortedValues()  # global step times, for the percentiles
-        self._mean = 0.0  # running mean and sum of squared deviations (Welford)
-        self._m2 = 0.0
-        # Per rank and column of _TOTALS: sum over measured steps, and how many steps observed it.
-        self._sums = torch.zeros(world_size, len(_TOTALS), dtype=torch.float64)
-        self._counts = torch.zeros(world_size, len(_TOTALS), dtype=torch.float64)
-        self._means: list[list[float] | None] = []
-        self._means_at = -1  # steps_measured when _means was computed
-
-    def is_warmup(self, step: int) -> bool:
-        return step <= self.start_step + self.warmup_steps
-
-    def is_excluded(self, step: int) -> bool:
-        return self.excluded is not None and self.excluded[0] <= step <= self.excluded[1]
-
-    def skip(self, step: int) -> None:
-        """Leave ``step`` out of the statistics (mark it before its interval is added)."""
-        self.skipped.add(step)
-
-    def is_measured(self, step: int) -> bool:
-        return not (self.is_warmup(step) or self.is_excluded(step) or step in self.skipped)
-
-    def add(self, steps: torch.Tensor) -> Interval | None:
-        """Take ``[ranks, steps, COLUMNS]``; return the interval's statistics (None if empty)."""
-        if steps.shape[0] != self.world_size:
-            raise ValueError(f"Expected steps from {self.world_size} ranks, got {steps.shape[0]}")
-        numbers = steps[:, :, 0]
-        if not torch.equal(numbers, numbers[:1].expand_as(numbers)):
-            rank = int((numbers != numbers[:1]).any(dim=1).nonzero()[0])
-            raise RuntimeError(
-                f"Rank {rank} reported steps {numbers[rank].long().tolist()} but rank 0 reported "
-                f"{numbers[0].long().tolist()}; the throughput callback must see the same optimizer steps on "
-                "every rank."
-            )
-        if steps.shape[1] == 0:
-            return None
-        step_numbers = [int(n) for n in numbers[0].tolist()]
-        self.last_step = step_numbers[-1]
-        # Columns after the step number, plus local = data + forward: [ranks, steps, 6].
-        values = torch.cat([steps[:, :, 1:], steps[:, :, _DATA:_DATA + 1] + steps[:, :, _FORWARD:_FORWARD + 1]], dim=2)
-        global_s = values[:, :, 0].max(dim=0).values
-
-        keep = torch.tensor([self.is_measured(n) for n in step_numbers])
-        measured = values[:, keep]
-        for value in global_s[keep].tolist():
-            self._sorted.add(value)
-            delta = value - self._mean
-            self._mean += delta / len(self._sorted)
-            self._m2 += delta * (value - self._mean)
-        observed = ~measured.isnan()
-        self._sums += measured.nan_to_num(0.0).sum(dim=1)
-        self._counts += observed.sum(dim=1)
-
-        return self._interval(step_numbers, values, keep)
-
-    def _interval(self, step_numbers: list[int], values: torch.Tensor, keep: torch.Tensor) -> Interval:
-        """The live figures: over the counted steps, or over all when none is counted."""
-        left_out = len(step_numbers) - int(keep.sum())
-        shown = values[:, keep] if left_out < len(step_numbers) else values
-        global_s = shown[:, :, 0].max(dim=0).values
-        local = shown[:, :, -1]
-        straggler_time = (local if not bool(local.isnan().any()) else shown[:, :, 0]).mean(dim=1)
-        not_counted = [n for n, kept in zip(step_numbers, keep.tolist(), strict=True) if not kept]
-        reasons = (("warm-up", self.is_warmup), ("profiled", self.is_excluded), ("skipped", self.skipped.__contains__))
-        return Interval(
-            first_step=step_numbers[0],
-            last_step=step_numbers[-1],
-            step_time_s=float(global_s.mean()),
-            max_step_time_s=float(global_s.max()),
-            slowest_rank=int(straggler_time.argmax()),
-            warmup=self.is_warmup(step_numbers[-1]),
-            profiled=any(self.is_excluded(n) for n in step_numbers),
-            left_out=left_out,
-            left_out_reasons=tuple(word for word, test in reasons if any(test(n) for n in not_counted)),
-        )
-
-    @property
-    def steps_measured(self) -> int:
-        return len(self._sorted)
-
-    def mean_step_time_s(self) -> float | None:
-        return self._mean if self._sorted else None
-
-    def step_time_summary(self) -> dict[str, float] | None:
-        """mean/median/min/max/p90/std of the global step time over measured steps."""
-        times = self._sorted
-        if not times:
-            return None
-        return {
-            "mean": self._mean,
-            "median": _percentile(times, 50),
-            "min": times[0],
-            "max": times[len(times) - 1],
-            "p90": _percentile(times, 90),
-            "std": math.sqrt(self._m2 / (len(times) - 1)) if len(times) > 1 else 0.0,
-        }
-
-    def per_rank_step_time_s(self) -> list[float] | None:
-        return self.per_rank_phase_s("step_s")
-
-    def per_rank_phase_s(self, name: str) -> list[float] | None:
-        """Mean of one phase (or step_s) per rank; None unless every rank observed it on every step."""
-        return self._per_rank_means()[_TOTALS.index(name)]
-
-    def _per_rank_means(self) -> list[list[float] | None]:
-        """Per column of _TOTALS, every rank's mean (None where not observed on every step); cached."""
-        steps = len(self._sorted)
-        if self._means_at != steps:
-            complete = (self._counts == steps).all(dim=0).tolist() if steps else [False] * len(_TOTALS)
-            means = (self._sums / max(steps, 1)).T.tolist()
-            self._means = [column if ok else None for column, ok in zip(means, complete, strict=True)]
-            self._means_at = steps
-        return self._means
-
-    def straggler(self) -> dict[str, object] | None:
-        """The slowest rank by the time it spends before its first collective (data + forward:
-        the all-reduce makes every rank's step equally long, so step time cannot name it), how
-        far it is above the median rank, the spread over ranks, and how long the median rank
-        waits for it per step at the gradient reduction (the difference of the two)."""
-        if not self.steps_measured:
-            return None
-        metric, values = "local_time_s", self.per_rank_phase_s("local_s")
-        if values is None:
-            metric, values = "step_time_s", self.per_rank_step_time_s()
-        slowest = max(range(len(values)), key=lambda i: values[i])
-        ordered = sorted(values)
-        typical = _percentile(ordered, 50)
-        return {
-            "rank": slowest,
-            "metric": metric,
-            "excess_pct": 100.0 * (values[slowest] / typical - 1.0) if typical > 0 else 0.0,
-            "spread_s": {"min": ordered[0], "median": typical, "max": ordered[-1]},
-            "others_wait_s": values[slowest] - typical if metric == "local_time_s" else None,
-        }
-
-
-class SortedValues:
-    """Floats kept in order, in chunks: adding one costs the same after 100 steps as after
-    1,000,000 (one sorted list would move all the larger values on every insertion)."""
-
-    CHUNK = 512  # a chunk is split in two when it reaches twice this
-
-    def __init__(self) -> None:
-        self._chunks: list[list[float]] = []
-        self._maxes: list[float] = []  # each chunk's largest value
-        self._length = 0
-
-    def add(self, value: float) -> None:
-        self._length += 1
-        if not self._chunks:
-            self._chunks.append([value])
-            self._maxes.append(value)
-            return
-        index = min(bisect.bisect_left(self._maxes, value), len(self._chunks) - 1)
-        chunk = self._chunks[index]
-        bisect.insort(chunk, value)
-        self._maxes[index] = chunk[-1]
-        if len(chunk) >= 2 * self.CHUNK:
-            self._chunks[index:index + 1] = [chunk[:self.CHUNK], chunk[self.CHUNK:]]
-            self._maxes[index:index + 1] = [chunk[self.CHUNK - 1], chunk[-1]]
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, position: int) -> float:
-        """The value at ``position`` (0: the smallest) in the order."""
-        if not 0 <= position < self._length:
-            raise IndexError(position)
-        for chunk in self._chunks:
-            if position < len(chunk):
-                return chunk[position]
-            position -= len(chunk)
-        raise IndexError(position)
-
-
-def _percentile(ordered: list[float] | SortedValues, pct: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default method) of sorted values."""
-    position = (len(ordered) - 1) * pct / 100.0
-    lower = math.floor(position)
-    upper = min(lower + 1, len(ordered) - 1)
-    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)

@@ -2,7 +2,7 @@
 
 Not a timing test (the machine is shared): each command runs for real in a fresh interpreter, which
 then reports what it imported. Loading torch alone takes seconds; that is what kept `--help`,
-`launch`, `report` and `import` from starting in under half a second (issue 18).
+`launch`, `report` and `import` from starting in under half a second.
 """
 
 import json
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_throughput.cli import main
-
 REPO = Path(__file__).resolve().parents[1]
 LOG = REPO / "tests" / "data" / "import" / "megatron_lm_mixtral_issue756.log"  # real log, see ORIGIN.md
+MLPERF = REPO / "tests" / "data" / "mlperf" / "NVIDIA" / "eos_ngc24.04_nemo" / "llama2_70b_lora"  # real results
 HEAVY = ("torch", "lightning", "pytorch_lightning", "matplotlib", "megatron", "nemo", "mlperf_logging", "hydra",
          "omegaconf", "numpy")
 
@@ -49,11 +48,28 @@ def run_cli(argv: list[str], cwd: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def imported_runs(tmp_path_factory) -> Path:
-    """Summaries of a real log, written by `nemo-throughput import` in this (torch-loading) process."""
+    """Summaries of a real log, written by `nemo-throughput import` in a fresh interpreter: counting
+    its steps (the run statistics the callback uses too) loads no torch."""
     out = tmp_path_factory.mktemp("imported")
-    assert main(["import", str(LOG), "--label", "bare-metal", "--model", "gpt3-126m", "--seq-length", "2048",
-                 "--num-gpus", "16", "--output-dir", str(out)]) == 0
+    result = run_cli(["import", str(LOG), "--label", "bare-metal", "--model", "gpt3-126m", "--seq-length", "2048",
+                      "--num-gpus", "16", "--output-dir", str(out)], cwd=out)
+    assert result["code"] == 0, result["stderr"]
+    assert result["loaded"] == []
     return out
+
+
+def test_import_of_a_real_log_counts_its_steps_without_torch(imported_runs):
+    summary = json.loads(next(imported_runs.rglob("summary.json")).read_text())
+    assert summary["timing"]["steps_measured"] > 0 and summary["timing"]["step_time_s"]["mean"] > 0
+
+
+def test_import_of_real_mlperf_results_loads_only_the_mlperf_logger(tmp_path):
+    out = tmp_path / "out"
+    result = run_cli(["import", "--format", "mlperf", str(MLPERF), "--ruleset", "4.0.0", "--output-dir", str(out)],
+                     tmp_path)
+    assert result["code"] == 0, result["stderr"]
+    assert len(list(out.rglob("summary.json"))) == len(list(MLPERF.glob("result_*.txt")))
+    assert result["loaded"] == ["mlperf_logging"]
 
 
 @pytest.mark.parametrize("argv, usage", [
@@ -107,7 +123,7 @@ def test_launch_writes_its_job_without_loading_anything_heavy(target, extra, tmp
     (["--format", "mlperf"], "no `:::MLLOG` lines", ["mlperf_logging"]),  # read: it loads only what it uses
 ])
 def test_import_refusals_load_nothing_heavy(options, refusal, needed, tmp_path):
-    """Until it has step times to count (RunStats is torch), `import` runs without torch."""
+    """A refused `import` stops before reading more than it needs."""
     result = run_cli(["import", str(LOG), "--label", "x", *options, "--output-dir", str(tmp_path / "out")], tmp_path)
     assert result["code"] == 2
     assert result["stderr"].startswith("nemo-throughput import: ") and refusal in result["stderr"]

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nemo_throughput import environment
 from nemo_throughput.errors import ReportError
@@ -29,12 +29,10 @@ from nemo_throughput.hardware import identify, peak_tflops
 from nemo_throughput.importers import megatron, nemo, tensorboard
 from nemo_throughput.importers.lines import check_text, read_lines, read_once
 from nemo_throughput.importers.steps import Step, StepLog
+from nemo_throughput.run_stats import RunStats, rank_rows
 from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
 from nemo_throughput.timing import StepTimes
 from nemo_throughput.window import Window
-
-if TYPE_CHECKING:
-    from nemo_throughput.aggregation import RunStats
 
 TEXT_FORMATS: dict[str, ModuleType] = {nemo.NAME: nemo, megatron.NAME: megatron}
 FORMATS = (*TEXT_FORMATS, tensorboard.NAME, "mlperf")  # mlperf: importers.mlperf, its own command path
@@ -139,13 +137,11 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         raise ReportError(f"{path}: no step has a usable time: all {len(bad)} are zero, negative, NaN or infinite "
                           "(check the log)")
     start_step = valid[0].step - 1  # the warm-up is the log's first steps, wherever it starts
-    from nemo_throughput.aggregation import RunStats, steps_tensor  # torch: only once there are steps to count
-
     stats = RunStats(world_size=1, warmup_steps=0 if window else warmup_steps, start_step=start_step)
     measured = _measured(path, valid, window, stats, warmup_steps)
     batch = _global_batch_size(path, read, measured, global_batch_size)
     tokens_checked = _check_stated_tokens(path, valid, seq_length, batch, num_gpus)
-    stats.add(steps_tensor([[StepTimes(s.step, s.seconds) for s in measured]]))
+    stats.add(rank_rows([[StepTimes(s.step, s.seconds) for s in measured]]))
 
     if spec is not None:
         spec = ModelSpec.from_dict({**spec.to_dict(), "seq_length": seq_length})
@@ -215,7 +211,7 @@ def _above_peak_notes(facts: RunFacts, summary: dict[str, Any]) -> list[str]:
     above_peak = summary["throughput"].get("mfu_above_peak")
     if above_peak is None:
         return []
-    from nemo_throughput.measurement import mfu_above_peak_warning  # torch: loaded by now, not at --help
+    from nemo_throughput.run_facts import mfu_above_peak_warning  # torch: loaded by now, not at --help
 
     return ["warning: " + mfu_above_peak_warning(facts, above_peak).removeprefix("nemo-throughput: ")]
 

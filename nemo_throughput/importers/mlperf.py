@@ -24,6 +24,7 @@ from typing import Any
 from nemo_throughput.environment import package_version
 from nemo_throughput.errors import ReportError
 from nemo_throughput.importers import notice
+from nemo_throughput.run_stats import RunStats
 from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
 from nemo_throughput.text import printable
 
@@ -375,8 +376,6 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     )
     status, error = _status(result)
     notes += _notes(result, error)
-    from nemo_throughput.aggregation import RunStats  # torch: only for a result being imported
-
     summary = build_summary(facts, RunStats(world_size=1, warmup_steps=0), status, error)
     summary["batch"]["global_batch_size"] = batch if facts.global_batch_size == batch else None
     summary["model"]["flops_formula"] = summary["model"]["mfu_convention"]["formula"] = None  # not in the log
