@@ -22,13 +22,8 @@ from typing import Any
 from nemo_throughput.adapters.nemo import read_module
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.hardware import dtype_for_precision
-from nemo_throughput.measurement import (
-    Measurement,
-    MeasurementView,
-    gather_rank_records,
-    resolve_run_facts,
-    warnings_on_rank_zero,
-)
+from nemo_throughput.measurement import Measurement, MeasurementView
+from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts, warnings_on_rank_zero
 from nemo_throughput.summary import OutputDirError, RunFacts
 
 __all__ = ["ThroughputCallback", "describe_run"]

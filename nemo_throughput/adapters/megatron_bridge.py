@@ -35,14 +35,9 @@ import torch.distributed as dist
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.hardware import dtype_for_precision
-from nemo_throughput.measurement import (
-    Measurement,
-    MeasurementView,
-    gather_rank_records,
-    resolve_run_facts,
-    warnings_on_rank_zero,
-)
+from nemo_throughput.measurement import Measurement, MeasurementView
 from nemo_throughput.megatron_config import formula_gaps, parallel_sizes, shape_fields
+from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts, warnings_on_rank_zero
 from nemo_throughput.summary import RunFacts
 
 __all__ = ["ThroughputCallback", "describe_bridge_run"]
