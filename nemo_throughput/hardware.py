@@ -60,7 +60,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("MI300X", r"\bMI300X\b", _MI300),
 )
 
-_OVERRIDE_HINT = "set peak_tflops (callbacks.throughput.peak_tflops=...) to get MFU"
+_OVERRIDE_HINT = "set peak_tflops (callbacks.throughput.peak_tflops=..., import --peak-tflops) to get MFU"
 
 
 def identify(gpu_name: str) -> Accelerator | None:
@@ -77,15 +77,32 @@ def peak_tflops(gpu_name: str, dtype: str) -> float | None:
 
     ``gpu_name`` is what ``torch.cuda.get_device_name()`` reports, e.g. "NVIDIA H100 80GB HBM3".
     """
+    return _table_peak(gpu_name, dtype)[0]
+
+
+def resolve_peak(given: float | None, gpu_name: str | None, dtype: str | None) -> tuple[float | None, str | None]:
+    """The per-GPU dense peak MFU is divided by, in TFLOPS, and where it comes from: ``given`` as is
+    (source "user"), else the table's for ``gpu_name`` and ``dtype`` (source "table:<part>"), else
+    (None, None): no dtype to look up, or the table has no figure (then with a warning)."""
+    if given is not None:
+        return given, "user"
+    if not gpu_name or not dtype:
+        return None, None
+    peak, accelerator = _table_peak(gpu_name, dtype)
+    return (peak, f"table:{accelerator.name}") if peak is not None else (None, None)
+
+
+def _table_peak(gpu_name: str, dtype: str) -> tuple[float | None, Accelerator | None]:
+    """The table's peak (TFLOPS) and the part it belongs to, identified once; a missing figure is warned of."""
     dtype = check_dtype(dtype)
     accelerator = identify(gpu_name)
     if accelerator is None:
         log.warning("No peak FLOPs known for device %r; MFU will be null: %s.", gpu_name, _OVERRIDE_HINT)
-        return None
+        return None, None
     peak = accelerator.peak_tflops.get(dtype)
     if peak is None:
         log.warning("%s has no %s tensor-core peak; MFU will be null: %s.", accelerator.name, dtype, _OVERRIDE_HINT)
-    return peak
+    return peak, accelerator
 
 
 def check_dtype(dtype: str) -> str:

@@ -13,16 +13,16 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import environment
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
-from nemo_throughput.hardware import device_name, identify, peak_tflops
+from nemo_throughput.hardware import device_name, resolve_peak
 from nemo_throughput.summary import USER_FLOPS, RunFacts
+
+if TYPE_CHECKING:
+    import torch
 
 
 def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any], source: str | None,
@@ -62,11 +62,7 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
 
     gpu_name = device_name(device)
     dtype = config.dtype or framework_dtype
-    if config.peak_tflops is not None:
-        peak, peak_source = config.peak_tflops, "user"
-    else:
-        peak = peak_tflops(gpu_name, dtype) if dtype else None
-        peak_source = f"table:{identify(gpu_name).name}" if peak is not None else None
+    peak, peak_source = resolve_peak(config.peak_tflops, gpu_name, dtype)
 
     orchestrator = environment.detect_orchestrator()
     model_name = config.model_name or (spec.default_name() if spec else None)
@@ -200,6 +196,8 @@ def warnings_on_rank_zero(rank: int) -> Iterator[None]:
 
 def gather_rank_records() -> list[dict[str, Any]]:
     """Every rank's node and communication settings, gathered once at set-up (one small collective)."""
+    import torch.distributed as dist  # here: importing this module (the importers use its warning) loads no torch
+
     record = environment.rank_record()
     if not (dist.is_available() and dist.is_initialized()):
         return [record]

@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from nemo_throughput.hardware import ACCELERATORS, dtype_for_precision, identify, peak_tflops
+from nemo_throughput.hardware import ACCELERATORS, dtype_for_precision, identify, peak_tflops, resolve_peak
 
 
 @pytest.mark.parametrize("driver_name, part, bf16, fp8", [
@@ -56,6 +56,26 @@ def test_unknown_or_ambiguous_parts_give_none_and_name_the_override(driver_name,
     with caplog.at_level(logging.WARNING):
         assert peak_tflops(driver_name, "bf16") is None
     assert driver_name in caplog.text and "peak_tflops" in caplog.text
+
+
+def test_a_given_peak_comes_first_then_the_table_named_by_its_part(caplog):
+    with caplog.at_level(logging.WARNING):
+        assert resolve_peak(700.0, "NVIDIA GeForce RTX 4090", "bf16") == (700.0, "user")  # no table look-up
+        assert resolve_peak(None, "NVIDIA H100 80GB HBM3", "fp8") == (1979.0, "table:H100 SXM")
+        assert resolve_peak(None, "NVIDIA H100 80GB HBM3", None) == (None, None)  # no dtype: nothing to look up
+        assert resolve_peak(None, None, "bf16") == (None, None)  # an imported log naming no GPU
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize("driver_name, dtype, warning", [
+    ("NVIDIA GeForce RTX 4090", "bf16", "No peak FLOPs known for device 'NVIDIA GeForce RTX 4090'"),
+    ("NVIDIA A100-SXM4-80GB", "fp8", "A100 has no fp8 tensor-core peak"),
+])
+def test_no_table_figure_gives_no_peak_and_one_warning(driver_name, dtype, warning, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert resolve_peak(None, driver_name, dtype) == (None, None)
+    assert [record.getMessage().count(warning) for record in caplog.records] == [1]
+    assert "peak_tflops" in caplog.text
 
 
 def test_unknown_dtype_lists_the_valid_ones():

@@ -25,7 +25,7 @@ from nemo_throughput import environment
 from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
-from nemo_throughput.hardware import identify, peak_tflops
+from nemo_throughput.hardware import resolve_peak
 from nemo_throughput.importers import megatron, nemo, tensorboard
 from nemo_throughput.importers.lines import check_text, read_lines, read_once
 from nemo_throughput.importers.steps import Step, StepLog
@@ -149,12 +149,13 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         flops_per_sample, flops_given = model_flops_per_sample(spec, flops_formula), False
     else:
         flops_given = True
+    peak_tflops, peak_source = resolve_peak(peak, gpu_name, dtype)
     facts = RunFacts(
         name=name or (path.stem if path.is_file() else path.name), label=label, global_batch_size=batch,
         micro_batch_size=None, seq_length=seq_length, model_name=model_name, model_spec=spec,
         flops_formula=USER_FLOPS if flops_given else flops_formula, flops_per_sample=flops_per_sample,
         gpu_name=gpu_name or "unknown", num_gpus=num_gpus, num_nodes=num_nodes, dtype=dtype,
-        **_peak(peak, gpu_name, dtype), source=f"import:{read.fmt}",
+        peak_tflops=peak_tflops, peak_source=peak_source, source=f"import:{read.fmt}",
         environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path.absolute()),
                      "imported_rank": read.rank, "log_styles": sorted(read.styles),
                      # what imported it; the run's own libraries are not in its log
@@ -324,15 +325,6 @@ def _global_batch_size(path: Path, read: ReadLog, measured: list[Step], given: i
     if given is None:
         raise ReportError(f"{path}: the log does not state the global batch size (give --global-batch-size)")
     return given
-
-
-def _peak(peak: float | None, gpu_name: str | None, dtype: str | None) -> dict[str, Any]:
-    if peak is not None:
-        return {"peak_tflops": peak, "peak_source": "user"}
-    if gpu_name and dtype:
-        value = peak_tflops(gpu_name, dtype)
-        return {"peak_tflops": value, "peak_source": f"table:{identify(gpu_name).name}" if value is not None else None}
-    return {"peak_tflops": None, "peak_source": None}
 
 
 def _bridge_step_time_only_message(path: Path) -> str:
