@@ -39,6 +39,13 @@ def shape_fields(config: Any) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
+def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tensor_parallel: int = 1) -> int:
+    """Megatron's vocabulary padding, the logits GEMM's width: ``vocab_size`` rounded up to a multiple
+    of ``make_vocab_size_divisible_by`` (``divisible_by``) x tensor-parallel size."""
+    multiple = divisible_by * tensor_parallel
+    return -(-vocab_size // multiple) * multiple
+
+
 def parallel_sizes(config: Any) -> dict[str, int]:
     """Tensor / pipeline / context / virtual-pipeline / expert parallel sizes the config sets."""
     values = {name: get(config, key) for name, key in PARALLEL_KEYS.items()}

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from nemo_throughput.adapters.nemo import padded_vocab_size
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.megatron_config import padded_vocab_size
 
 
 def _bridge_package_dir() -> Path | None:

@@ -36,7 +36,7 @@ from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.hardware import dtype_for_precision
 from nemo_throughput.measurement import Measurement, MeasurementView
-from nemo_throughput.megatron_config import formula_gaps, parallel_sizes, shape_fields
+from nemo_throughput.megatron_config import formula_gaps, padded_vocab_size, parallel_sizes, shape_fields
 from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts, warnings_on_rank_zero
 from nemo_throughput.summary import RunFacts
 
@@ -128,9 +128,8 @@ def model_spec_fields(model: Any, seq_length: int | None = None) -> dict[str, An
         fields["seq_length"] = seq_length
     vocab_size = getattr(model, "vocab_size", None)
     if vocab_size and getattr(model, "should_pad_vocab", False):
-        multiple = (getattr(model, "make_vocab_size_divisible_by", None) or 128) * \
-            (getattr(model, "tensor_model_parallel_size", None) or 1)
-        vocab_size = -(-vocab_size // multiple) * multiple
+        vocab_size = padded_vocab_size(vocab_size, getattr(model, "make_vocab_size_divisible_by", None) or 128,
+                                       getattr(model, "tensor_model_parallel_size", None) or 1)
     if vocab_size:
         fields["vocab_size"] = vocab_size
     return fields

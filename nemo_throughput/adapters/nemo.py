@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_throughput.config import ThroughputConfig
-from nemo_throughput.megatron_config import formula_gaps, get, parallel_sizes, shape_fields
+from nemo_throughput.megatron_config import formula_gaps, get, padded_vocab_size, parallel_sizes, shape_fields
 
 _GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
 _FP8_RECIPES = ("e4m3", "hybrid")
@@ -47,12 +47,6 @@ def read_module(pl_module: Any, datamodule: Any = None) -> ModuleFacts:
     if get(config, "num_layers") is not None and get(config, "hidden_size") is not None:
         return _from_megatron_config(config, pl_module, datamodule)
     return ModuleFacts()
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tensor_parallel: int = 1) -> int:
-    """Megatron's vocabulary padding: up to a multiple of ``divisible_by * tensor_parallel``."""
-    multiple = divisible_by * tensor_parallel
-    return -(-vocab_size // multiple) * multiple
 
 
 def _from_nemo1_cfg(cfg: Any, pl_module: Any) -> ModuleFacts:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from nemo_throughput.adapters.nemo import padded_vocab_size
+from nemo_throughput.megatron_config import padded_vocab_size
 
 GATED = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
 
