@@ -22,7 +22,7 @@ _MODULE_OF = {
     "ThroughputConfig": "nemo_throughput.config",
     "Workload": "nemo_throughput.throughput",
     "mfu": "nemo_throughput.throughput",
-    "nemo_callback": "nemo_throughput.adapters.nemo",
+    "nemo_callback": "nemo_throughput.adapters.nemo_run",
     "model_flops_per_sample": "nemo_throughput.flops",
     "peak_tflops": "nemo_throughput.hardware",
     "read_summary": "nemo_throughput.summary",

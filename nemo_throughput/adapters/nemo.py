@@ -1,5 +1,5 @@
 """NeMo adapter: read model shape, batch and parallel layout from the config objects a model
-already carries, and hand NeMo 2 / NeMo-Run the callback as a ``run.Config`` (:func:`nemo_callback`).
+already carries (NeMo 2 / NeMo-Run get the callback from :mod:`nemo_throughput.adapters.nemo_run`).
 
 Two sources are understood, both duck-typed so that neither NeMo nor megatron-core is imported:
 
@@ -12,14 +12,9 @@ Two sources are understood, both duck-typed so that neither NeMo nor megatron-co
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.megatron_config import formula_gaps, get, padded_vocab_size, parallel_sizes, shape_fields
 
 _GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
@@ -94,7 +89,6 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
     )
 
 
-
 def _flag(obj: Any, key: str) -> bool:
     """A true/false setting; absent or null is false. A string is refused: "no" would be truthy."""
     value = get(obj, key)
@@ -113,40 +107,3 @@ def _megatron_fp8(config: Any) -> bool:
         return True
     raise ValueError(f"nemo-throughput: fp8 in the model config must be null, true/false or one of "
                      f"{list(_FP8_RECIPES)}, got {value!r}: fix it in the model config.")
-
-
-
-
-
-def nemo_callback(**settings: Any) -> Any:
-    """``run.Config(ThroughputCallback, ...)`` for NeMo 2 recipes and the NeMo-Run CLI.
-
-    Python: ``recipe.trainer.callbacks.append(nemo_callback(log_every_n_steps=20))``.
-    CLI: ``nemo llm pretrain --factory llama3_8b 'trainer.callbacks+=[nemo_throughput.nemo_callback()]'``.
-    Keyword arguments are ThroughputConfig's fields; a misspelt one fails here, before submission.
-    """
-    ThroughputConfig.from_mapping(settings)  # first: a wrong setting is named whether or not NeMo-Run is here
-
-    import nemo_run as run
-
-    from nemo_throughput.adapters.lightning import ThroughputCallback
-
-    return run.Config(ThroughputCallback, **settings)
-
-
-def _settings_signature() -> inspect.Signature:
-    """Every ThroughputConfig field as a keyword parameter: NeMo-Run's CLI parses `name=value`
-    against the factory's signature, and reads `Optional[X]` where Python 3.10 writes `X | None`."""
-
-    def for_nemo_run(hint: Any) -> Any:
-        return typing.Union[typing.get_args(hint)] if isinstance(hint, types.UnionType) else hint  # noqa: UP007
-
-    hints = typing.get_type_hints(ThroughputConfig)
-    return inspect.Signature([
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                          annotation=for_nemo_run(hints[f.name]))
-        for f in dataclasses.fields(ThroughputConfig)
-    ])
-
-
-nemo_callback.__signature__ = _settings_signature()
