@@ -163,6 +163,8 @@ def test_host_clock_measures_real_time():
 def test_step_times_round_trip_through_floats():
     t = StepTimes(step=7, step_s=0.5, data_s=None, forward_s=0.2, backward_s=0.25, optimizer_s=0.05)
     assert StepTimes.from_floats(7, t.to_floats()) == t
+    # The exchange sends a StepTimes as it is, field by field: its fields are the exchanged columns in order.
+    assert StepTimes._fields == ("step", *StepTimes.VALUES)
 
 
 def test_the_first_measured_live_figures_leave_the_warmup_steps_out(tmp_path):
