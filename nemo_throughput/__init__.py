@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it, imported on first use: `import nemo_throughput` (the CLI,
 # Lightning's callbacks_factory entry point) loads neither torch nor Lightning until a name needs them.
 _MODULE_OF = {
+    "BridgeThroughputCallback": "nemo_throughput.adapters.megatron_bridge",
     "FORMULAS": "nemo_throughput.flops",
     "SCHEMA": "nemo_throughput.summary",
     "ModelSpec": "nemo_throughput.flops",

@@ -141,8 +141,8 @@ print(json.dumps({"light": light, "names": names, "dir": unlisted}))
 """
     result = run_fresh(probe, cwd=tmp_path)
     assert result["light"] == []  # measured right after `import nemo_throughput`, before any name is used
-    assert set(result["names"]) == {"FORMULAS", "SCHEMA", "ModelSpec", "NemoThroughputError", "ThroughputCallback",
-                                    "ThroughputConfig", "Workload", "mfu", "nemo_callback", "model_flops_per_sample",
-                                    "peak_tflops", "read_summary"}
+    assert set(result["names"]) == {"BridgeThroughputCallback", "FORMULAS", "SCHEMA", "ModelSpec",
+                                    "NemoThroughputError", "ThroughputCallback", "ThroughputConfig", "Workload",
+                                    "mfu", "nemo_callback", "model_flops_per_sample", "peak_tflops", "read_summary"}
     assert result["names"]["ThroughputCallback"] == "type" and result["names"]["mfu"] == "function"
     assert result["dir"] == []

@@ -50,7 +50,7 @@ def _import_bridge_callbacks():
 bridge_callbacks = _import_bridge_callbacks()
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-from nemo_throughput.adapters.megatron_bridge import ThroughputCallback  # noqa: E402
+from nemo_throughput import BridgeThroughputCallback as ThroughputCallback  # noqa: E402
 
 CallbackContext, CallbackManager = bridge_callbacks.CallbackContext, bridge_callbacks.CallbackManager
 
@@ -278,15 +278,24 @@ def test_importing_the_adapter_needs_nothing_of_bridge():
     """`import megatron.bridge` pulls in transformers, diffusers, ... (missing here): the adapter must not."""
     import subprocess
 
-    code = ("import sys; from nemo_throughput.adapters.megatron_bridge import ThroughputCallback; "
-            "ThroughputCallback(); print(sorted(m for m in sys.modules if m.startswith('megatron.bridge')))")
+    code = ("import sys; from nemo_throughput import BridgeThroughputCallback; "
+            "BridgeThroughputCallback(); print(sorted(m for m in sys.modules if m.startswith('megatron.bridge')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
 
 
+def test_the_bridge_callback_has_its_own_name_and_keeps_its_old_path():
+    import nemo_throughput
+    from nemo_throughput.adapters import megatron_bridge
+
+    assert nemo_throughput.BridgeThroughputCallback is megatron_bridge.ThroughputCallback
+    assert nemo_throughput.BridgeThroughputCallback is not nemo_throughput.ThroughputCallback
+    assert nemo_throughput.BridgeThroughputCallback.__name__ == "BridgeThroughputCallback"
+
+
 def test_the_adapters_stand_on_the_core_alone():
-    """DESIGN.md: each framework adapter stands on the framework-free core and on nothing beside it."""
+    """Each framework adapter stands on the framework-free core and on nothing beside it."""
     import ast
     from pathlib import Path
 
@@ -299,7 +308,7 @@ def test_the_adapters_stand_on_the_core_alone():
         return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | {
             alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
 
-    core = imported(package / "measurement.py")
+    core = imported(package / "measurement.py") | imported(package / "run_facts.py")
     frameworks = ("lightning", "pytorch_lightning", "megatron", "nemo", "hydra")
     assert not {m for m in core if m.startswith("nemo_throughput.adapters") or m.split(".")[0] in frameworks}
     bridge = imported(package / "adapters" / "megatron_bridge.py")

@@ -3,8 +3,8 @@
 Megatron-Bridge (NeMo Framework's LLM training since nemo_toolkit 3.0) runs its own loop, not
 Lightning's; this adapter is a Bridge callback::
 
-    from nemo_throughput.adapters.megatron_bridge import ThroughputCallback
-    pretrain(cfg, forward_step, callbacks=[ThroughputCallback()])
+    from nemo_throughput import BridgeThroughputCallback
+    pretrain(cfg, forward_step, callbacks=[BridgeThroughputCallback()])
 
 Everything is read from the ``ConfigContainer`` Bridge hands every event (``context.state.cfg``):
 the model shape, sequence length and parallel sizes from the model provider (``cfg.model``, a
@@ -40,7 +40,7 @@ from nemo_throughput.megatron_config import formula_gaps, padded_vocab_size, par
 from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts, warnings_on_rank_zero
 from nemo_throughput.summary import RunFacts
 
-__all__ = ["ThroughputCallback", "describe_bridge_run"]
+__all__ = ["BridgeThroughputCallback", "describe_bridge_run"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ CONFIG_SOURCE = "megatron-bridge ConfigContainer"
 CallbackContext = Any  # megatron.bridge.training.callbacks.CallbackContext (state, loss_dict, ...)
 
 
-class ThroughputCallback(MeasurementView):
+class BridgeThroughputCallback(MeasurementView):
     """Times every Megatron-Bridge training step and reports tokens/s, MFU and stragglers across ranks.
 
     Keyword arguments are the fields of :class:`~nemo_throughput.config.ThroughputConfig`. A
@@ -100,6 +100,9 @@ class ThroughputCallback(MeasurementView):
             facts = describe_bridge_run(self.config, cfg, _device(), records)
         self.measurement.set_up(facts, _device(), rank, records,
                                 requested_dir=os.path.join(os.getcwd(), "throughput"))
+
+
+ThroughputCallback = BridgeThroughputCallback  # the name this module first gave it
 
 
 def describe_bridge_run(config: ThroughputConfig, cfg: Any, device: torch.device,

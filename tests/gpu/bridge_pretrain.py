@@ -7,7 +7,7 @@ NOT RUN YET: written on a CPU machine (Python 3.11), where Bridge's ConfigContai
 expect to adjust it on the first GPU session. What it does: Bridge's own vanilla GPT recipe (mock data,
 NullTokenizer: nothing downloaded) shrunk to a 4-layer GPT, megatron-core's local layer spec (the
 device image has no Transformer Engine), no checkpoints, no evaluation; ``pretrain(cfg, forward_step,
-callbacks=[ThroughputCallback(...)])``; then checks that the summary is completed, counts every step,
+callbacks=[BridgeThroughputCallback(...)])``; then checks that the summary is completed, counts every step,
 and read the model, batch, dtype and parallel sizes from the ConfigContainer. Writes
 bridge_pretrain.json (the checks and the summary's key figures) to OUT.
 """
@@ -23,7 +23,7 @@ from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
 from megatron.bridge.training.gpt_step import forward_step
 from megatron.bridge.training.pretrain import pretrain
 
-from nemo_throughput.adapters.megatron_bridge import ThroughputCallback
+from nemo_throughput import BridgeThroughputCallback
 
 STEPS = 30
 
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     cfg = small_gpt_config()
-    ours = ThroughputCallback(output_dir=str(args.out / "throughput"), log_every_n_steps=5, warmup_steps=5)
+    ours = BridgeThroughputCallback(output_dir=str(args.out / "throughput"), log_every_n_steps=5, warmup_steps=5)
     pretrain(cfg, forward_step, callbacks=[ours])
     summary = json.loads(Path(ours.summary_path).read_text())
     checks = {
