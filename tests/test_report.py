@@ -11,8 +11,9 @@ from conftest import nemo_throughput_cli
 from nemo_throughput.aggregation import RunStats, steps_tensor
 from nemo_throughput.cli import main
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.report.grouping import build_report
+from nemo_throughput.report.rendering import render
 from nemo_throughput.report.runs import ReportError, Window, load_run
-from nemo_throughput.report.tables import build_report, render
 from nemo_throughput.summary import RunFacts, build_summary, write_json_atomic
 from nemo_throughput.timing import StepTimes
 

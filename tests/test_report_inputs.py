@@ -11,8 +11,9 @@ from test_report import write_run
 
 from conftest import nemo_throughput_cli
 from nemo_throughput.cli import main
+from nemo_throughput.report.grouping import build_report
+from nemo_throughput.report.rendering import render
 from nemo_throughput.report.runs import IncompleteRun, ReportError, Window, load_run
-from nemo_throughput.report.tables import build_report, render
 from nemo_throughput.summary import USER_FLOPS
 
 ESCAPES = ("\x1b", "\x07", "\x9b", "\x00", "\u202e")  # ESC, BEL, 8-bit CSI, NUL, right-to-left override

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
+from nemo_throughput.report.grouping import Report, build_report
+from nemo_throughput.report.rendering import render
 from nemo_throughput.report.runs import (
     IncompleteRun,
     ReportError,
@@ -23,7 +25,7 @@ from nemo_throughput.report.runs import (
     load_run,
     load_training_run,
 )
-from nemo_throughput.report.tables import Report, build_report, build_time_to_train, render
+from nemo_throughput.report.time_to_train import build_time_to_train
 from nemo_throughput.text import printable
 
 REPORTED, SOME_EXCLUDED, NOTHING_REPORTED = 0, 1, 2

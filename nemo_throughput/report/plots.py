@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.report.grouping import PHASE_FIELDS, Group, Report
 from nemo_throughput.report.runs import ReportError
-from nemo_throughput.report.tables import PHASE_FIELDS, Group, Report
 from nemo_throughput.text import printable
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")  # what matplotlib writes without extra packages
