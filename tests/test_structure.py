@@ -12,6 +12,7 @@ Also: every refusal of the package is a NemoThroughputError and still the built-
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,15 @@ def test_no_import_circle_even_through_imports_inside_functions():
     """A deferred import only hides a circle from Python: the modules still need each other."""
     graph = {module: imports_of(module) for module in MODULES}
     assert circles(graph) == []
+
+
+def test_the_package_docstring_names_every_module():
+    """The package docstring is the map of the layers: a module it leaves out is in no layer."""
+    import nemo_throughput
+
+    unnamed = sorted(module for module, path in MODULES.items() if path.name != "__init__.py"
+                     and not re.search(rf"\b{path.stem}\b", nemo_throughput.__doc__))
+    assert unnamed == []
 
 
 def test_library_modules_never_import_the_command_modules():
