@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_throughput.config import check_positive_number
 from nemo_throughput.errors import NemoThroughputError
 from nemo_throughput.flops import CAUSAL_ATTENTION, FLOPS_FORMULAS, MEASURED, ModelSpec, require_positive_int
+from nemo_throughput.schemas import SUMMARY_SCHEMA_ID
 from nemo_throughput.throughput import RATES, Workload
 from nemo_throughput.timing import PHASE_TIMES
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "nemo-throughput/summary/v1"
+SCHEMA = SUMMARY_SCHEMA_ID
 STATUSES = ("running", "completed", "failed", "interrupted")
 USER_FLOPS = "user"  # model.flops_formula when flops_per_sample was given, not computed
 STEPS_FILE = "steps.jsonl"
@@ -43,12 +44,14 @@ class RunFacts:
 
     name: str
     label: str
-    global_batch_size: int
+    global_batch_size: int | None  # None only for an imported result that does not state it
     micro_batch_size: int | None
     seq_length: int | None  # None: samples are not token sequences, the rate is samples/s
     model_name: str
     model_spec: ModelSpec | None  # None when flops_per_sample was given and the shape is unknown
-    flops_formula: str  # a name of flops.FLOPS_FORMULAS, or USER_FLOPS when flops_per_sample was given
+    # a name of flops.FLOPS_FORMULAS, USER_FLOPS when flops_per_sample was given, None when an imported result
+    # does not say
+    flops_formula: str | None
     flops_per_sample: float | None  # None while a measured count is not known yet
     gpu_name: str
     num_gpus: int
@@ -76,18 +79,18 @@ class RunFacts:
                 raise ValueError(f"run {name} must be a non-empty string, got {getattr(self, name)!r}")
         if not isinstance(self.label, str):
             raise ValueError(f"run label must be a string, got {self.label!r} ({type(self.label).__name__})")
-        for name in ("global_batch_size", "num_gpus", "num_nodes"):
+        for name in ("num_gpus", "num_nodes"):
             require_positive_int(name, getattr(self, name), prefix="")
         if self.num_nodes > self.num_gpus:
             raise ValueError(f"num_nodes {self.num_nodes} is more than num_gpus {self.num_gpus}: every node runs at "
                              "least one GPU; check the node and GPU counts given")
-        for name in ("micro_batch_size", "seq_length"):
+        for name in ("global_batch_size", "micro_batch_size", "seq_length"):
             if getattr(self, name) is not None:
                 require_positive_int(name, getattr(self, name), prefix="")
         if self.rate not in RATES or (self.rate == "tokens" and self.seq_length is None):
             raise ValueError(f"rate must be one of {list(RATES)} (tokens only with a seq_length), got {self.rate!r}")
-        if self.flops_formula not in (*FLOPS_FORMULAS, USER_FLOPS):
-            raise ValueError(f"flops_formula must be one of {[*FLOPS_FORMULAS, USER_FLOPS]}, "
+        if self.flops_formula not in (*FLOPS_FORMULAS, USER_FLOPS, None):
+            raise ValueError(f"flops_formula must be one of {[*FLOPS_FORMULAS, USER_FLOPS, None]}, "
                              f"got {self.flops_formula!r}")
         check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
         check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
@@ -107,19 +110,41 @@ class RunFacts:
         )
 
 
+@dataclass(frozen=True)
+class LogTiming:
+    """What an imported log adds to the timing. A log is one rank's view of the run: its summary
+    has no per-rank times and no straggler."""
+
+    window: str  # the steps counted, in window.SYNTAX
+    steps: list[list[Any]]  # every [step, seconds] of the log
+    excluded_step_times: dict[str, Any]  # {"count", "steps": [[step, repr(value)], ...]}: not positive finite
+
+
+@dataclass(frozen=True)
+class ResultRate:
+    """An imported result's own rate (samples/s), in place of one from step times."""
+
+    samples_per_s: float | None
+    source: str | None  # where in the result it was read, None when the result has none
+
+
 def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | None = None,
                   explained: dict[str, Any] | None = None,
-                  time_to_target: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The summary; ``explained`` adds the sections that explain the numbers (telemetry,
-    communication, network, probe: see nemo_throughput.explain), each None when not collected;
-    ``time_to_target``: TimeToTarget.section() when a target is set."""
+                  time_to_target: dict[str, Any] | None = None, *, log_timing: LogTiming | None = None,
+                  result_rate: ResultRate | None = None,
+                  time_to_train: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary, every route's (callback, import); it conforms to schemas/summary-v1.json.
+
+    ``explained`` adds the sections that explain the numbers (telemetry, communication, network,
+    probe: see nemo_throughput.explain), each None when not collected; ``time_to_target``:
+    TimeToTarget.section() when a target is set. What only an import knows: ``log_timing`` (an
+    imported log), ``result_rate`` and ``time_to_train`` (an imported MLPerf result).
+    """
     if status not in STATUSES:
         raise ValueError(f"Unknown status {status!r}; expected one of {STATUSES}")
-    straggler = stats.straggler()
-    if straggler is not None and straggler["rank"] < len(facts.places):
-        place = facts.places[straggler["rank"]]
-        straggler = {**straggler, "host": place["host"], "gpu_index": place["gpu_index"]}
-    breakdown = {name.removesuffix("_s"): _mean(stats.per_rank_phase_s(name)) for name in PHASE_TIMES}
+    throughput = {"primary": RATES[facts.rate], **facts.workload.metrics(stats.mean_step_time_s())}
+    if result_rate is not None:
+        throughput.update(samples_per_s=result_rate.samples_per_s, rate_source=result_rate.source)
     return {
         "schema": SCHEMA,
         "status": status,
@@ -132,20 +157,10 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "started_at": facts.started_at,
             "updated_at": now_iso(),
         },
-        "timing": {
-            "step_time_s": stats.step_time_summary(),
-            "steps_measured": stats.steps_measured,
-            "warmup_steps": stats.warmup_steps,
-            "skipped_steps": len(stats.skipped),  # iterations the framework skipped (Bridge's skipped_iter)
-            "last_step": stats.last_step,
-            "per_rank_step_time_s": stats.per_rank_step_time_s(),
-            "per_rank_local_time_s": stats.per_rank_phase_s("local_s"),
-            "slowest_rank": straggler["rank"] if straggler else None,
-            "straggler": straggler,
-            "breakdown_s": breakdown,
-        },
-        "throughput": {"primary": RATES[facts.rate], **facts.workload.metrics(stats.mean_step_time_s())},
+        "timing": _timing(facts, stats, log_timing),
+        "throughput": throughput,
         "time_to_target": time_to_target,
+        **({"time_to_train": time_to_train} if time_to_train is not None else {}),
         "batch": {
             "global_batch_size": facts.global_batch_size,
             "micro_batch_size": facts.micro_batch_size,
@@ -176,17 +191,36 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
     }
 
 
-def mfu_convention(facts: RunFacts) -> dict[str, Any]:
-    """What an MFU figure of this run means: the FLOPs convention and the peak it is divided by.
-    ``causal_attention``: causal attention counted at the full or half s x s score matrix; None
-    when the FLOPs were given (the convention is the giver's)."""
-    return {
-        "formula": facts.flops_formula,
-        "causal_attention": CAUSAL_ATTENTION.get(facts.flops_formula),
-        "peak_tflops": facts.peak_tflops,
-        "peak_source": facts.peak_source,
-        "dtype": facts.dtype,
+def _timing(facts: RunFacts, stats: RunStats, log_timing: LogTiming | None) -> dict[str, Any]:
+    """The timing section, seconds; an imported log's without per-rank figures (one rank's view)."""
+    per_rank = log_timing is None
+    straggler = stats.straggler() if per_rank else None
+    if straggler is not None and straggler["rank"] < len(facts.places):
+        place = facts.places[straggler["rank"]]
+        straggler = {**straggler, "host": place["host"], "gpu_index": place["gpu_index"]}
+    timing = {
+        "step_time_s": stats.step_time_summary(),
+        "steps_measured": stats.steps_measured,
+        "warmup_steps": stats.warmup_steps,
+        "skipped_steps": len(stats.skipped),  # iterations the framework skipped (Bridge's skipped_iter)
+        "last_step": stats.last_step,
+        "per_rank_step_time_s": stats.per_rank_step_time_s() if per_rank else None,
+        "per_rank_local_time_s": stats.per_rank_phase_s("local_s") if per_rank else None,
+        "slowest_rank": straggler["rank"] if straggler else None,
+        "straggler": straggler,
+        "breakdown_s": {name.removesuffix("_s"): _mean(stats.per_rank_phase_s(name)) for name in PHASE_TIMES},
     }
+    if log_timing is not None:
+        timing.update(window=log_timing.window, steps=log_timing.steps,
+                      excluded_step_times=log_timing.excluded_step_times)
+    return timing
+
+
+def mfu_convention(facts: RunFacts) -> dict[str, Any]:
+    """What an MFU figure of this run means beyond the peak and dtype (the hardware section's):
+    the FLOPs convention, and ``causal_attention``: causal attention counted at the full or half
+    s x s score matrix; None when the FLOPs were given (the convention is the giver's)."""
+    return {"formula": facts.flops_formula, "causal_attention": CAUSAL_ATTENTION.get(facts.flops_formula)}
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, durable: bool = True) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
+
 TESTS = Path(__file__).parent
 
 # The NeMo tier needs real NeMo, installed only in .venv-nemo (.ci/setup-nemo; .ci/test runs both).
@@ -48,7 +50,38 @@ def free_port() -> int:
 
 
 def read_json(path):
-    return json.loads(Path(path).read_text())
+    """A JSON file; a run's summary among them must conform to the shipped schema (the test fails
+    naming each field that does not)."""
+    document = json.loads(Path(path).read_text())
+    if isinstance(document, dict) and document.get("schema") == SUMMARY_SCHEMA_ID:
+        assert_valid_summary(document, path)
+    return document
+
+
+def assert_valid_summary(summary, where="summary"):
+    """Fail naming each field of ``summary`` that breaks schemas/summary-v1.json."""
+    problems = validate_summary(summary)
+    assert not problems, f"{where} does not conform to {SUMMARY_SCHEMA_ID}:\n" + "\n".join(problems)
+    return summary
+
+
+@pytest.fixture(autouse=True)
+def summaries_conform_to_the_schema(request):
+    """Every run summary a test leaves in its tmp_path (written by the callback, an import, a
+    subprocess) must conform to the shipped schema; tests that write broken summaries on purpose
+    are marked `invalid_summaries`."""
+    checked = "tmp_path" in request.fixturenames and not request.node.get_closest_marker("invalid_summaries")
+    tmp_path = request.getfixturevalue("tmp_path") if checked else None  # kept until this fixture ends
+    yield
+    if tmp_path is None:
+        return
+    for path in sorted(tmp_path.rglob("summary*.json")):
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # not a summary this test finished writing (a cut file is some tests' subject)
+        if isinstance(document, dict) and document.get("schema") == SUMMARY_SCHEMA_ID:
+            assert_valid_summary(document, path)
 
 
 @pytest.fixture

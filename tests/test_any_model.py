@@ -225,9 +225,8 @@ def test_images_without_a_sequence_length_are_rated_in_samples_per_s(tmp_path, q
     flops = summary["model"]["flops_per_sample"]
     assert throughput["model_tflops_per_gpu"] == pytest.approx(8 * flops / mean / 1e12)
     assert throughput["mfu"] == pytest.approx(throughput["model_tflops_per_gpu"] / 2.0)
-    assert summary["model"]["mfu_convention"] == {"formula": "measured", "causal_attention": "full",
-                                                  "peak_tflops": 2.0, "peak_source": "user",
-                                                  "dtype": summary["hardware"]["dtype"]}
+    assert summary["model"]["mfu_convention"] == {"formula": "measured", "causal_attention": "full"}
+    assert (summary["hardware"]["peak_tflops"], summary["hardware"]["peak_source"]) == (2.0, "user")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[throughput]")]
     assert lines and all("samples/s" in line and "tok/s" not in line for line in lines)
 
@@ -260,9 +259,7 @@ def test_every_summary_records_its_mfu_convention(formula, causal):
                      gpu_name="NVIDIA H100 80GB HBM3", num_gpus=8, num_nodes=1, dtype="bf16", peak_tflops=989.5,
                      peak_source="table:H100 SXM")
     summary = build_summary(facts, RunStats(8, 1), "running")
-    assert summary["model"]["mfu_convention"] == {"formula": formula, "causal_attention": causal,
-                                                  "peak_tflops": 989.5, "peak_source": "table:H100 SXM",
-                                                  "dtype": "bf16"}
+    assert summary["model"]["mfu_convention"] == {"formula": formula, "causal_attention": causal}
     assert summary["throughput"]["primary"] == "samples_per_s"
 
 

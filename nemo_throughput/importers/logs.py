@@ -30,7 +30,7 @@ from nemo_throughput.importers import megatron, nemo, tensorboard
 from nemo_throughput.importers.lines import check_text, read_lines, read_once
 from nemo_throughput.importers.steps import Step, StepLog
 from nemo_throughput.run_stats import RunStats, rank_rows
-from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
+from nemo_throughput.summary import USER_FLOPS, LogTiming, RunFacts, build_summary
 from nemo_throughput.timing import StepTimes
 from nemo_throughput.window import Window
 
@@ -161,12 +161,11 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
                      # what imported it; the run's own libraries are not in its log
                      "imported_with": {"nemo-throughput": environment.package_version()}},
     )
-    summary = build_summary(facts, stats, "completed", explained={"network": network_section})
-    summary["timing"].update(
+    log_timing = LogTiming(
         window=window.text if window else f"{start_step + warmup_steps + 1}:",
         steps=[[s.step, s.seconds] for s in valid],
-        excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]},
-        per_rank_step_time_s=None, per_rank_local_time_s=None, slowest_rank=None, straggler=None)
+        excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]})
+    summary = build_summary(facts, stats, "completed", explained={"network": network_section}, log_timing=log_timing)
     notes = _notes(read, bad) + _window_notes(read, valid, measured, window) + _above_peak_notes(facts, summary)
     if tokens_checked:
         notes.append(f"the log's own tokens/s per GPU agree with --seq-length {seq_length} and --num-gpus {num_gpus} "

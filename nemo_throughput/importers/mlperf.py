@@ -25,7 +25,7 @@ from nemo_throughput.environment import package_version
 from nemo_throughput.errors import ReportError
 from nemo_throughput.importers import notice
 from nemo_throughput.run_stats import RunStats
-from nemo_throughput.summary import USER_FLOPS, RunFacts, build_summary
+from nemo_throughput.summary import ResultRate, RunFacts, build_summary
 from nemo_throughput.text import printable
 
 NAME = "mlperf"
@@ -364,9 +364,8 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     batch = result.values.get("global_batch_size")
     facts = RunFacts(
         name=name or path.stem, label=label or (system and system.name) or result.system_name or "unknown",
-        global_batch_size=int(batch) if isinstance(batch, (int, float)) and batch >= 1 else 1,
-        micro_batch_size=None, seq_length=None, rate="samples", model_name=result.benchmark, model_spec=None,
-        flops_formula=USER_FLOPS, flops_per_sample=None,
+        global_batch_size=_stated_batch(batch), micro_batch_size=None, seq_length=None, rate="samples",
+        model_name=result.benchmark, model_spec=None, flops_formula=None, flops_per_sample=None,  # not in the log
         gpu_name=gpu_name or (system and system.accelerator) or _real(result.system.get("accelerator_model_name"))
         or "unknown", num_gpus=scale.num_accelerators,
         num_nodes=scale.num_nodes, dtype=None, peak_tflops=None, peak_source=None, source=f"import:{NAME}",
@@ -376,15 +375,22 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     )
     status, error = _status(result)
     notes += _notes(result, error)
-    summary = build_summary(facts, RunStats(world_size=1, warmup_steps=0), status, error)
-    summary["batch"]["global_batch_size"] = batch if facts.global_batch_size == batch else None
-    summary["model"]["flops_formula"] = summary["model"]["mfu_convention"]["formula"] = None  # not in the log
-    summary["throughput"]["samples_per_s"] = _samples_per_s(result)
-    summary["throughput"]["rate_source"] = "log:tracked_stats.throughput" if result.throughputs else None
-    summary["time_to_train"] = {**time_to_train(result), "ruleset_given": ruleset is not None,
-                                "system_file": str(system.path) if system else None, "counts_from": scale.source,
-                                "notes": notes}
+    rate = ResultRate(_samples_per_s(result), "log:tracked_stats.throughput" if result.throughputs else None)
+    summary = build_summary(
+        facts, RunStats(world_size=1, warmup_steps=0), status, error, result_rate=rate,
+        time_to_train={**time_to_train(result), "ruleset_given": ruleset is not None,
+                       "system_file": str(system.path) if system else None, "counts_from": scale.source,
+                       "notes": notes})
     return summary, notes
+
+
+def _stated_batch(batch: Any) -> int | None:
+    """The log's global_batch_size when it is a whole number >= 1, else None (not stated, or not usable)."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, float)) or not batch >= 1:
+        return None
+    if isinstance(batch, float) and not batch.is_integer():  # 2.5, inf
+        return None
+    return int(batch)
 
 
 def unnamed_round_note(summaries: list[dict[str, Any]]) -> str:

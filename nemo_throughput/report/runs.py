@@ -5,15 +5,18 @@ rejected with a message naming the file, the field and what it must be."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_throughput.errors import ReportError
+from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
 from nemo_throughput.summary import EXPLAINED, STATUSES, USER_FLOPS, read_summary
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import Workload
@@ -103,6 +106,11 @@ def flops_text(flops_per_sample: float | None, formula: str) -> str:
 def load_run(path: Path, window: Window | None = None) -> Run:
     """Read one summary; raise ReportError (naming the file) if it cannot be reported on."""
     summary = _read(path)
+    with _checked_against_the_schema(path, summary):
+        return _run(path, summary, window)
+
+
+def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
     fields = Fields(str(path), summary)
     _require_completed(fields)
     unit = _unit(fields)
@@ -324,6 +332,30 @@ def _read(path: Path) -> dict[str, Any]:
                           f"{path}: not a readable JSON summary ({message})") from error
 
 
+@contextlib.contextmanager
+def _checked_against_the_schema(path: Path, summary: dict[str, Any]) -> Iterator[None]:
+    """The report's own checks first: they name the field the report stumbles on and what it must
+    be. Then the shipped schema, for the fields they do not check and for what they do not foresee:
+    a summary that breaks it is left out, the message a line per problem."""
+    try:
+        yield
+    except ReportError:
+        raise
+    except (LookupError, TypeError, AttributeError, ValueError, ArithmeticError) as error:
+        problems = validate_summary(summary)
+        if not problems:
+            raise
+        raise ReportError(schema_problems_message(path, problems)) from error
+    problems = validate_summary(summary)
+    if problems:
+        raise ReportError(schema_problems_message(path, problems))
+
+
+def schema_problems_message(path: Path | str, problems: list[str]) -> str:
+    """One line naming the file, then one per problem (field path: what was expected)."""
+    return "\n".join([f"{path}: not a valid {SUMMARY_SCHEMA_ID} summary:", *(f"  {p}" for p in problems)])
+
+
 def _require_completed(fields: Fields) -> None:
     status = fields.value("status")
     if not isinstance(status, str) or status not in STATUSES:
@@ -503,6 +535,11 @@ def load_training_run(path: Path) -> TrainingRun | None:
     summary = _read(path)
     if not isinstance(summary.get("time_to_train"), dict):
         return None
+    with _checked_against_the_schema(path, summary):
+        return _training_run(path, summary)
+
+
+def _training_run(path: Path, summary: dict[str, Any]) -> TrainingRun:
     fields = Fields(str(path), summary)
     minutes = fields.optional_number("time_to_train.minutes")
     required = fields.optional("time_to_train.required_runs")
