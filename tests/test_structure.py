@@ -129,10 +129,23 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_reader_of_imports_sees_every_kind_of_import():
-    """The checks below are only as good as this reader: a relative, a from-package and a lazy import."""
-    assert "nemo_throughput.importers.megatron" in imports_of("nemo_throughput.importers.logs")  # from package
-    assert "nemo_throughput.run_facts" in imports_of("nemo_throughput.importers.logs")  # inside a function
-    assert "nemo_throughput.run_facts" not in imports_of("nemo_throughput.importers.logs", top_level_only=True)
+    """The checks below are only as good as this reader: from a package, relative, lazy, type-only."""
+    source = """
+from nemo_throughput.importers import megatron
+from . import nemo
+from ..flops import ModelSpec
+import nemo_throughput.text
+if TYPE_CHECKING:
+    from nemo_throughput.summary import RunFacts
+def later():
+    from nemo_throughput.hardware import peak_tflops
+"""
+    nodes = ast.parse(source).body
+    everything = {"nemo_throughput.importers.megatron", "nemo_throughput.importers.nemo", "nemo_throughput.flops",
+                  "nemo_throughput.text", "nemo_throughput.summary", "nemo_throughput.hardware"}
+    assert _imports(nodes, "nemo_throughput.importers.logs", top_level_only=False) == everything
+    assert _imports(nodes, "nemo_throughput.importers.logs", top_level_only=True) == everything - {
+        "nemo_throughput.summary", "nemo_throughput.hardware"}
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
 
