@@ -84,15 +84,14 @@ class Gathered:
         self._settle_fn = settle_fn
 
     def wait(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.split(self.wait_flat())
+        return _split(self._wait_fn(), self._extras_width)
 
-    def wait_flat(self) -> torch.Tensor:
-        """Wait for the collective; ``[ranks, steps * COLUMNS + extras]`` as it arrived (cheap: the
-        training thread waits here, so that a failed collective raises there, and splits elsewhere)."""
-        return self._wait_fn()
-
-    def split(self, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _split(gathered, self._extras_width)
+    def received(self) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        """Wait for the collective here (cheap, and a failed one raises on the caller's thread);
+        the call returned gives what :meth:`wait` does, to be made on another thread. It holds
+        the result only: a collective still referenced at interpreter exit aborts the process."""
+        gathered, extras_width = self._wait_fn(), self._extras_width
+        return lambda: _split(gathered, extras_width)
 
     def settle(self, timeout_s: float) -> bool:
         """Let the collective end, waiting at most ``timeout_s``; False if it did not. A gloo work
@@ -168,10 +167,9 @@ class Exchange:
         if self.nccl:
             return self._start_nccl(payload)
         gathered = torch.empty((self.world_size, payload.numel()), dtype=torch.float64)
-        # The default group's own asynchronous all-gather, into rows of one tensor: dist.all_gather
-        # adds only checks of dtype and layout, which these float64 tensors pass by construction,
-        # and they cost a third of the call on the training thread.
-        work = dist.group.WORLD.allgather([list(gathered.unbind(0))], [payload])
+        # dist.all_gather, not the group's own allgather (a third cheaper): with that, a rank
+        # aborted (std::terminate) within a few hundred log steps of the bench.
+        work = dist.all_gather(list(gathered.unbind(0)), payload, async_op=True)  # into rows of one tensor
 
         def wait() -> torch.Tensor:
             work.wait()
@@ -184,10 +182,12 @@ class Exchange:
 
     def _payload(self, steps: list[StepTimes], extras: list[float] | None) -> torch.Tensor:
         """``steps * COLUMNS + extras_width`` float64. On the training thread at every log step:
-        the values go into a C array that the tensor then shares (a third of torch.tensor's cost)."""
+        the values go into a C array, copied into the tensor at once (half of torch.tensor's cost
+        over a list). Copied, not shared: a tensor over Python memory needs the interpreter to be
+        freed, and the collective's own thread frees it, at exit too (std::terminate)."""
         values = array("d", [math.nan if value is None else value for s in steps for value in s])  # COLUMNS
         values.extend(self._extras_list(extras))
-        return torch.frombuffer(values, dtype=torch.float64) if values else torch.empty(0, dtype=torch.float64)
+        return torch.frombuffer(values, dtype=torch.float64).clone() if values else torch.empty(0, dtype=torch.float64)
 
     def _extras_list(self, extras: list[float] | None) -> list[float]:
         values = [math.nan] * self.extras_width if extras is None else extras

@@ -223,8 +223,8 @@ class Measurement:
         steps, extras = self._timer.collect(step - 1), self._explain.sample(step)
         finished, self._in_flight = self._in_flight, self._exchange.start(steps, extras)
         if finished is not None:
-            gathered = finished.wait_flat()  # here, so that a failed collective raises on this thread
-            self._reporter.submit(lambda: self._report(*finished.split(gathered)))
+            received = finished.received()  # waits here; splitting runs on the reporting thread
+            self._reporter.submit(lambda: self._report(*received()))
         self._log_pending()
         return vote
 
