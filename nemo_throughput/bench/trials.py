@@ -17,6 +17,7 @@ from typing import Any
 from nemo_throughput.bench.harness import MeasuredValues, StepSyncs, TimedHooks, WindowClock, collector
 from nemo_throughput.bench.stats import Condition, ratios
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.megatron_config import padded_vocab_size
 from nemo_throughput.window import Window
 
 # torch, Lightning and OmegaConf are imported in the functions that use them: `nemo-throughput --help`
@@ -85,8 +86,6 @@ def run_bench(size: str | None = None, steps: int = 60, window: Window | None = 
     the tools' hooks in µs per step; see :meth:`Condition.result`). Raises ValueError before any trial
     for arguments it cannot run."""
     import torch
-
-    from nemo_throughput.adapters.nemo import padded_vocab_size
 
     cuda = resolve_device(device) == "cuda"
     size = size or ("gpt3-126m" if cuda else "cpu")
