@@ -10,6 +10,7 @@ from pathlib import Path
 from nemo_throughput.bench.render import render
 from nemo_throughput.bench.trials import CONDITIONS, DEVICES, SIZES, parse_conditions, run_bench
 from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
+from nemo_throughput.text import printable
 from nemo_throughput.window import SYNTAX, Window
 
 
@@ -17,7 +18,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser(
         "bench", help="overhead and accuracy of the callback beside ThroughputMonitor and NeMo's TimingCallback",
         description="Trains the demo GPT under interleaved conditions and reports, per condition, the median true "
-                    "step time, the overhead against no callback (with a 95 %% confidence interval), the error of "
+                    "step time, the overhead against no callback (with a 95 % confidence interval), the error of "
                     "the step time the tool reports, its host time per step and, on CUDA, the host-device "
                     "synchronizations per step.")
     bench.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when torch sees a GPU (auto)")
@@ -54,7 +55,7 @@ def run_command(args: argparse.Namespace) -> int:
                            count_syncs=not args.no_sync_count,
                            progress=lambda line: print(line, file=sys.stderr, flush=True))
     except ValueError as error:
-        print(f"nemo-throughput bench: {error}", file=sys.stderr)
+        print(f"nemo-throughput bench: {printable(error)}", file=sys.stderr)
         return 2
     return _write(render(result, args.format), args.output)
 
@@ -68,7 +69,7 @@ def _run_log_step_command(args: argparse.Namespace) -> int:
         if args.output:
             check_output_file(args.output, "--output")
     except ValueError as error:
-        print(f"nemo-throughput bench: {error}", file=sys.stderr)
+        print(f"nemo-throughput bench: {printable(error)}", file=sys.stderr)
         return 2
     result = run_log_step_bench(ranks, progress=lambda line: print(line, file=sys.stderr, flush=True))
     return _write(json.dumps(result, indent=2) + "\n" if args.format == "json" else render_log_step(result),
@@ -79,7 +80,7 @@ def _write(text: str, output: Path | None) -> int:
     try:
         write_output(text, output, "--output")
     except OutputPathError as error:
-        print(f"nemo-throughput bench: {error}", file=sys.stderr)
+        print(f"nemo-throughput bench: {printable(error)}", file=sys.stderr)
         return 1
     if output is not None:
         print(f"bench: {output}", file=sys.stderr)

@@ -55,7 +55,7 @@ def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[
     try:
         check_output_dir(output_dir, "--output-dir")
     except OutputPathError as error:
-        print(f"nemo-throughput demo: {error}", file=sys.stderr)
+        print(f"nemo-throughput demo: {printable(error)}", file=sys.stderr)
         return 2
     if (output_dir / "throughput").is_dir() and any((output_dir / "throughput").iterdir()):
         # The headline must be this run's: the callback would write beside the earlier run's summary.

@@ -145,7 +145,7 @@ def run_command(args: argparse.Namespace) -> int:
             check_output_file(args.output, "--output")
         rendezvous = launcher_env(os.environ)
     except ValueError as error:
-        print(f"nemo-throughput probe: {error}", file=sys.stderr)
+        print(f"nemo-throughput probe: {printable(error)}", file=sys.stderr)
         return 2
     initialised_here = rendezvous is not None and not dist.is_initialized()
     try:
@@ -162,7 +162,7 @@ def run_command(args: argparse.Namespace) -> int:
                            time_budget_s=args.time_budget)
         rank_zero = not dist.is_initialized() or dist.get_rank() == 0
     except ValueError as error:  # the same on every rank: arguments or settings
-        print(f"nemo-throughput probe: {error}", file=sys.stderr)
+        print(f"nemo-throughput probe: {printable(error)}", file=sys.stderr)
         return 2
     finally:
         if initialised_here:

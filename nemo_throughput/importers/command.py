@@ -80,15 +80,17 @@ def run_import(args: argparse.Namespace) -> int:
             write_json_atomic(path, summary)
             say(path)
     except (ReportError, ValueError) as error:
-        print(f"nemo-throughput import: {error}", file=sys.stderr)
+        print(f"nemo-throughput import: {printable(error)}", file=sys.stderr)
         return 2
     except OSError as error:
-        print(f"nemo-throughput import: {error.filename or progress['at']}: {error.strerror or error} (check the path "
+        print(f"nemo-throughput import: {printable(error.filename or progress['at'])}: {error.strerror or error} "
+              "(check the path "
               "and its permissions)", file=sys.stderr)
         return 2
     except Exception as error:  # noqa: BLE001 - an input must never end in a traceback
         what, hint = mlperf.UNREADABLE if is_mlperf else ("could not import it", "(please report this with the file)")
-        print(f"nemo-throughput import: {progress['at']}: {what} ({type(error).__name__}: {error}) {hint}",
+        print(f"nemo-throughput import: {printable(progress['at'])}: {what} ({type(error).__name__}: "
+              f"{printable(error)}) {hint}",
               file=sys.stderr)
         return 2
     return 0
@@ -208,8 +210,8 @@ def _report(path: Path, imported: Imported, source: Path) -> None:
         print(notice(source, note), file=sys.stderr)
     summary = imported.summary
     timing = summary["timing"]
-    print(f"{path}: {timing['steps_measured']} steps ({timing['window']}), {timing['step_time_s']['mean']:.4g} "
-          f"s/step, {summary['throughput']['tokens_per_s']:,.0f} tokens/s")
+    print(f"{printable(path)}: {timing['steps_measured']} steps ({timing['window']}), "
+          f"{timing['step_time_s']['mean']:.4g} s/step, {summary['throughput']['tokens_per_s']:,.0f} tokens/s")
 
 
 def _model(args: argparse.Namespace) -> tuple[ModelSpec | None, str]:

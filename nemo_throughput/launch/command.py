@@ -72,7 +72,7 @@ def run_launch(args: argparse.Namespace, command: list[str]) -> int:
         else:
             launch_kubernetes(args, command)
     except (LaunchError, OutputPathError) as error:
-        print(f"nemo-throughput launch {args.target}: {error}", file=sys.stderr)
+        print(f"nemo-throughput launch {args.target}: {printable(error)}", file=sys.stderr)
         return 2
     return 0
 
