@@ -702,13 +702,20 @@ def test_a_cut_nemo2_line_is_not_read_as_a_step(tmp_path, capsys):
     assert "warning: line 3, the last, is a step line without its end" in err
 
 
-def test_process_substitution_is_read_once(tmp_path):
+@pytest.mark.parametrize("stream", ["process substitution", "named pipe"])
+def test_a_log_that_can_be_read_only_once_is_read_once(tmp_path, stream):
+    """`<(cat log)` and a FIFO give their bytes once: a second open would wait for ever for a writer."""
     log = DATA / "megatron_lm_mixtral_issue756.log"
-    command = (f"{Path(sys.executable).parent / 'nemo-throughput'} import <(cat {log}) --label bare-metal "
-               f"--model gpt3-126m --seq-length 2048 --num-gpus 16 --warmup 0 --output-dir {tmp_path}")
-    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    fifo = tmp_path / "training.fifo"
+    source = "<(cat {log})" if stream == "process substitution" else str(fifo)
+    prepare = "" if stream == "process substitution" else f"mkfifo {fifo} && {{ cat {log} > {fifo} & }} && "
+    command = (f"{prepare}{Path(sys.executable).parent / 'nemo-throughput'} import {source.format(log=log)} "
+               f"--label bare-metal --model gpt3-126m --seq-length 2048 --num-gpus 16 --warmup 0 "
+               f"--output-dir {tmp_path / 'out'}")
+    (tmp_path / "out").mkdir()
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    (summary,) = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
+    (summary,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("summary.json")]
     assert steps_of(summary) == [43, 44, 45, 71, 72, 73]
 
 
@@ -785,3 +792,16 @@ def test_mlperf_results_of_two_systems_never_replace_each_other_across_calls(tmp
     assert main(["import", "--format", "mlperf", str(eos_8), "--output-dir", str(out)]) == 2
     assert f"imported from {eos_64}, another input: not replaced" in capsys.readouterr().err
     assert summary_of(out, "result_0")["environment"]["imported_from"] == str(eos_64)
+
+
+def test_terminal_escapes_in_file_names_never_reach_the_console(tmp_path, capsys):
+    """A file name is data: its escape sequences must not recolour (or retitle) the user's terminal,
+    whether the import fails on it or succeeds."""
+    missing = tmp_path / "no\x1b[31mred\x1b]0;title\x07.log"
+    code, out, err = run_import(capsys, missing, out=tmp_path)
+    assert code == 2 and "no such file" in err
+    renamed = tmp_path / "in\x1b[31mred.log"
+    renamed.write_bytes((DATA / "megatron_lm_mixtral_issue756.log").read_bytes())
+    code, out, err = run_import(capsys, renamed, "--warmup", "0", out=tmp_path / "out")
+    assert code == 0, err
+    assert "summary.json" in out and "\x1b" not in out + err and "\x07" not in out + err
