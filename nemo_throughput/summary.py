@@ -21,6 +21,7 @@ from nemo_throughput.config import check_positive_number
 from nemo_throughput.errors import NemoThroughputError
 from nemo_throughput.flops import CAUSAL_ATTENTION, FLOPS_FORMULAS, MEASURED, ModelSpec, require_positive_int
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID
+from nemo_throughput.text import printable
 from nemo_throughput.throughput import RATES, Workload
 from nemo_throughput.timing import PHASE_TIMES
 
@@ -383,7 +384,7 @@ def _candidate_dirs(requested: Path, run_name: str) -> Iterator[Path]:
 def _output_dir_error(requested: Path, candidate: Path, error: OSError) -> OutputDirError:
     full = " (the disk is full)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     return OutputDirError(
-        error.errno, f"nemo-throughput cannot write to the output directory {candidate}{full}: "
+        error.errno, f"nemo-throughput: cannot write to the output directory {printable(candidate)}{full}: "
         f"{error.strerror or error}. Set output_dir=... (callbacks.throughput.output_dir=... with Hydra, or "
         f"$NEMO_THROUGHPUT_OUTPUT_DIR) to a writable directory with free space."
         + (f" (asked for {requested})" if candidate != requested else ""))

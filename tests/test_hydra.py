@@ -251,7 +251,7 @@ def test_an_output_directory_under_a_file_stops_the_job_with_one_line(runs):
     result, base = runs["output_dir_under_a_file"], runs["base"]
     assert result.returncode != 0
     said = [line for line in result.stderr.splitlines() if "cannot write to the output directory" in line]
-    assert len(said) == 1 and said[0].startswith(f"nemo-throughput cannot write to the output directory "
+    assert len(said) == 1 and said[0].startswith(f"nemo-throughput: cannot write to the output directory "
                                                  f"{base}/a-file/run: Not a directory."), result.stderr
     assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
 
