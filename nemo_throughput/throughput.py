@@ -1,4 +1,4 @@
-"""From a step time to tokens/s, MFU and time to train (the arithmetic of DESIGN.md section 2)."""
+"""From a step time to tokens/s, MFU and time to train (docs/arithmetic.md gives the formulas and a worked example)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A real Slurm cluster on this host for the launcher tests: munged, slurmctld and one slurmd per
-emulated node, all in a private directory, as root, without systemd or cgroups (DESIGN.md 4).
+emulated node, all in a private directory, as root, without systemd or cgroups (docs/contributing/testing.md).
 
 Nodes share NodeAddr 127.0.0.1 on distinct ports; their names resolve through /etc/hosts. Each
 node has fake GPUs (character devices like /dev/null) so that `--gpus-per-node` is real GRES.

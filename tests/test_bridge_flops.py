@@ -297,7 +297,7 @@ def test_vocab_padding_is_the_only_tensor_parallel_effect(bridge_flops):
 
 
 def test_the_design_worked_example_in_bridges_convention(bridge_flops):
-    """DESIGN.md's Llama 3.1 70B example (dgxc, unpadded vocab 128,256, seq 8192) is 3.94e15 per sample;
+    """The docs' Llama 3.1 70B worked example (dgxc, unpadded vocab 128,256, seq 8192) is 3.94e15 per sample;
     Bridge's count for the same shape at TP 1 is that minus the causal half."""
     recipe = next(r for r in RECIPES if r.name == "llama31_70b")
     config = recipe.bridge_config()

@@ -18,7 +18,7 @@ def test_dgxc_llama31_70b_is_the_recipes_3_94e15():
 
 
 def test_worked_example_tokens_days_and_mfu():
-    """Llama 3.1 70B, 64 x H100 FP8, GBS 128, seq 8192, 11.31 s/step (DESIGN.md section 2)."""
+    """Llama 3.1 70B, 64 x H100 FP8, GBS 128, seq 8192, 11.31 s/step (the worked example of docs/arithmetic.md)."""
     metrics = Workload(global_batch_size=128, seq_length=8192, num_gpus=64,
                        flops_per_sample=3.94e15, peak_tflops=1979).metrics(11.31)
     assert metrics["tokens_per_s"] == pytest.approx(92_712, abs=1)

@@ -324,7 +324,7 @@ def test_samples_of_the_wrong_shape_are_refused_with_what_to_do():
 
 
 # ---------------------------------------------------------------------------------------------
-# the real thing, where a GPU is lent (skipped here)
+# the real thing, on a GPU (skipped without one)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

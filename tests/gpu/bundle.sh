@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels a lent GPU machine lacks, in carry-sized folders (the device machine has no network).
+# The wheels a GPU machine without network lacks, in carry-sized folders (the device machine has no network).
 #
 #   tests/gpu/bundle.sh            # small bundle (tests/gpu, bench) + NeMo 2.5 `nemo.collections.llm`
 #   tests/gpu/bundle.sh small      # the small bundle only

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a lent GPU machine (no network): install the carried bundle, then run the GPU proof of issue 11,
+# On a GPU machine without network: install the carried bundle, then run the GPU proof (tests/gpu/README.md),
 # everything into $OUT. Each step's failure is recorded and the later steps still run.
 #
 #   tests/gpu/run_on_device.sh [--stage-only] [--only STEPS] BUNDLE_FOLDER...
