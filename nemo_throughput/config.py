@@ -22,32 +22,68 @@ class ThroughputConfig:
     them unset for NeMo models and the demo, set them for plain Lightning modules.
     """
 
-    log_every_n_steps: int = 10  # steps between cross-rank exchanges, log lines and summary writes
-    warmup_steps: int = 10  # first steps left out of the statistics (allocator, NCCL and kernel warm-up)
-    output_dir: str | None = None  # default: <trainer.log_dir>/throughput
-    run_name: str | None = None  # default: <model name>_<nodes>n<gpus>g_<UTC start time>
-    run_label: str | None = None  # free label such as "bare-metal"; default: the orchestrator
-    model_name: str | None = None  # default: derived from the parameter count, e.g. "gpt-126m"
-    model_spec: Mapping[str, Any] | None = None  # ModelSpec fields; override those read from the model
-    flops_formula: str = "megatron"  # "megatron", "dgxc", or "measured" (counted on the first step)
-    flops_per_sample: float | None = None  # given instead of computed (recorded as flops_formula "user")
-    rate: str = "auto"  # primary rate: "tokens", "samples", or "auto" (tokens when seq_length is known)
+    log_every_n_steps: int = 10
+    """Steps between cross-rank exchanges, log lines, logger metrics and summary writes."""
+    warmup_steps: int = 10
+    """First steps of the run left out of the statistics (allocator, NCCL and kernel warm-up)."""
+    output_dir: str | None = None
+    """Where `summary.json` (and `steps.jsonl`) go. Default: `$NEMO_THROUGHPUT_OUTPUT_DIR`, else
+    `<trainer.log_dir>/throughput`. If another run already wrote there, `<output_dir>/<run_name>/`."""
+    run_name: str | None = None
+    """`run.name`. Default: `<model>_<nodes>n<gpus>g_<UTC start>`."""
+    run_label: str | None = None
+    """`run.label`, a free label such as `bare-metal` or `kubernetes`. Default:
+    `$NEMO_THROUGHPUT_RUN_LABEL`, else the orchestrator."""
+    model_name: str | None = None
+    """`model.name`. Default: from the parameter count, e.g. `gpt-124m`."""
+    model_spec: Mapping[str, Any] | None = None
+    """`ModelSpec` fields (`num_layers`, `hidden_size`, ...); each one given overrides the one read
+    from the model. Needed for a plain LightningModule."""
+    flops_formula: str = "megatron"
+    """`megatron` or `dgxc` (the GPT formulas, see the arithmetic page), or `measured`: any model, its
+    FLOPs counted on the run's first training step (needs `warmup_steps >= 1`)."""
+    flops_per_sample: float | None = None
+    """Model FLOPs per sample as published (e.g. a recipe's rounded `3.94e15`), used as is and
+    recorded as `model.flops_formula: user`; the model shape is then optional (give `model_name`,
+    and `seq_length` for tokens/s). Not together with `flops_formula: measured`."""
+    rate: str = "auto"
+    """The primary rate (`throughput.primary`): `tokens` (tokens/s; needs a sequence length),
+    `samples` (samples/s: images, ...), or `auto`: tokens/s when `seq_length` is known, else samples/s."""
     global_batch_size: int | None = None
+    """Samples per optimizer step. Default: from the model config; refused unless a positive multiple
+    of `micro_batch_size` x the data-parallel size."""
     micro_batch_size: int | None = None
+    """Samples per micro-batch, used to derive the global batch if it is not known. Default: from the
+    model config."""
     seq_length: int | None = None
-    dtype: str | None = None  # peak-FLOPs dtype; default from the trainer's precision
-    peak_tflops: float | None = None  # per-GPU dense peak; default from the GPU table
-    per_step_jsonl: bool = False  # also write steps.jsonl with every step of every rank
-    # Explaining the number (all off the hot path):
-    telemetry: bool = True  # memory, clocks, power, energy per rank, read on log steps
-    profile_steps: tuple[int, int] | None = None  # [first, last] global steps to profile (excluded from throughput)
-    profile_mode: str = "torch"  # "torch": torch.profiler breakdown; "nsys": cudaProfilerStart/Stop + NVTX ranges
-    profile_trace_ranks: tuple[int, ...] | None = None  # ranks that also write a chrome trace of the window
-    probe: bool = False  # fabric probe (collectives' busbw, matmul TFLOP/s per rank) before training
-    # Time to target (MLPerf): {metric, value, mode: min|max, stop: false}; the clock runs from set-up
-    # until trainer.callback_metrics[metric] first reaches value
+    """Tokens per sample. Default: from the model or data config; without it (and without a model
+    shape that gives it) the rate is samples/s."""
+    dtype: str | None = None
+    """Which peak MFU uses: `fp8`, `bf16`, `fp16`, `tf32` or `fp32`. Default: from the trainer's precision."""
+    peak_tflops: float | None = None
+    """Dense peak TFLOPS per GPU. Default: from the GPU table; set it for parts the table lacks."""
+    per_step_jsonl: bool = False
+    """Also write `steps.jsonl`: every step, every rank's phases."""
+    telemetry: bool = True
+    """Read memory, clocks, power, temperature, throttling and the energy counter on each rank at log
+    steps (off the hot path)."""
+    profile_steps: tuple[int, int] | None = None
+    """`[first, last]`: profile these global steps (inclusive); they are logged but left out of the
+    statistics. A window inside the warm-up (or before a resumed run's first step) or past the run's
+    last step is refused at train start."""
+    profile_mode: str = "torch"
+    """`torch`: compute / communication / exposed communication / idle from `torch.profiler`; `nsys`:
+    `cudaProfilerStart/Stop` and NVTX ranges for `nsys --capture-range=cudaProfilerApi`."""
+    profile_trace_ranks: tuple[int, ...] | None = None
+    """Ranks that also write a chrome trace of the profile window (`traces/rank<N>.json` beside the summary)."""
+    probe: bool = False
+    """Run the fabric probe (collectives' busbw, matmul TFLOP/s per rank) before training."""
     target: Mapping[str, Any] | None = None
-    mllog: bool = False  # also write MLPerf :::MLLOG lines (mlperf-logging's mllog); needs a target
+    """Time to target, MLPerf's way: `{metric, value, mode}` with `mode` `min` (a loss: reached at or
+    below `value`) or `max` (an accuracy), and optionally `stop: true` (end training when reached).
+    `metric` is a key of `trainer.callback_metrics` (what `self.log` logs); the clock runs from set-up."""
+    mllog: bool = False
+    """Also write MLPerf `:::MLLOG` lines (needs `target` and `pip install 'nemo-throughput[mlperf]'`)."""
 
     def __post_init__(self) -> None:
         # Every field is checked for its type too: Hydra hands `peak_tflops=abc` over as a string
