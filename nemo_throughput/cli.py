@@ -36,12 +36,18 @@ def _is_window(text: str) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, every subcommand registered (the CLI reference page is made from it)."""
     parser = _Parser(prog="nemo-throughput", description="Step time, tokens/s and MFU for "
                                      "NeMo / Megatron GPT pretraining: demo, launch, report, import, bench.")
     commands = parser.add_subparsers(dest="command", required=True)
     for feature in (demo, launch, report, importers, bench, probe):
         feature.add_parsers(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if getattr(args, "takes_command", False):  # `launch ... -- <training command>`
         return args.handler(args, rest)
