@@ -262,7 +262,7 @@ def summarizer_rows(submitter: Path, ruleset: str, workdir: Path) -> list[dict]:
     return table.to_dict("records")
 
 
-@pytest.mark.parametrize("submitter", (HPE, GOOGLE_V5), ids=lambda f: f.name)
+@pytest.mark.parametrize("submitter", (HPE, GOOGLE_V5, V5 / "Supermicro"), ids=lambda f: f.name)
 def test_a_whole_submission_imports_with_the_counts_of_its_systems_files(capsys, tmp_path, submitter):
     code, err = run_import(capsys, submitter, out=tmp_path, ruleset=RULESET_V5)
     assert code == 0, err
