@@ -31,31 +31,26 @@ import torch
 import torch.distributed as dist
 
 from nemo_throughput import environment
-from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, Interval, RunStats, step_times
+from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, RunStats
 from nemo_throughput.background import OrderedWorker
 from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
-from nemo_throughput.run_facts import (
-    gather_rank_records,  # noqa: F401 - importable from here too, as bench.log_step does
-    mfu_above_peak_warning,
-    resolve_run_facts,  # noqa: F401 - importable from here too, as bench.log_step does
-)
+from nemo_throughput.progress import format_interval, step_rows
+from nemo_throughput.run_facts import claim_output_dir_on_rank_zero, mfu_above_peak_warning
 from nemo_throughput.signals import SigtermWatch
 from nemo_throughput.summary import (
     STEPS_FILE,
-    OutputDirError,
     RunFacts,
     SummaryFile,
     append_jsonl,
     build_summary,
-    claim_output_dir,
     write_json_atomic,
 )
 from nemo_throughput.target import MLPerfLog, Target, TimeToTarget
 from nemo_throughput.text import printable
-from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, StepTimes, clock_for
+from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, clock_for
 
 log = logging.getLogger(__name__)
 
@@ -526,69 +521,6 @@ class MeasurementView:
         return self.measurement.rank_summary_path
 
 
-def claim_output_dir_on_rank_zero(rank: int, requested: str, facts: RunFacts) -> tuple[str, str]:
-    """Rank 0 makes the output directory this run's own (and probes that it can write there);
-    every rank learns the outcome (one small collective), so that all fail together, not rank 0
-    alone while the others wait for it. Returns (directory, run id)."""
-    outcome: dict[str, Any] = {"directory": requested, "run_id": facts.run_id, "error": None}
-    failure = None
-    if rank == 0:
-        try:
-            outcome["directory"] = str(claim_output_dir(requested, facts.name, facts.run_id))
-        except OutputDirError as error:
-            failure, outcome["error"] = error, str(error)
-    if dist.is_available() and dist.is_initialized():
-        shared = [outcome]
-        dist.broadcast_object_list(shared, src=0)
-        outcome = shared[0]
-    if failure is not None:
-        raise failure
-    if outcome["error"]:
-        raise OutputDirError(f"{outcome['error']} (on rank 0)")
-    return outcome["directory"], outcome["run_id"]
-
-
 def ranks_text(ranks: list[int], shown: int = 8) -> str:
     listed = ", ".join(map(str, ranks[:shown])) + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
     return f"rank{'s' if len(ranks) > 1 else ''} {listed}"
-
-
-def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:
-    """One readable line per log interval; its figures leave out the steps the statistics leave out."""
-    steps = interval.last_step - interval.first_step + 1
-    reasons = "/".join(interval.left_out_reasons)
-    if interval.left_out == steps:  # nothing counted: described by all its steps
-        warmup = " (warm-up)" if interval.warmup else f" ({reasons} steps, not counted)"
-    elif interval.left_out:
-        warmup = f" ({interval.left_out} {reasons} step{'s' if interval.left_out > 1 else ''} not counted)"
-    else:
-        warmup = ""
-    parts = [f"step {interval.step_time_s:.4g} s (max {interval.max_step_time_s:.4g})"]
-    if metrics["tokens_per_s"] is not None:
-        parts += [f"{metrics['tokens_per_s']:,.0f} tok/s", f"{metrics['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"]
-    else:  # samples that are not token sequences
-        parts.append(f"{metrics['samples_per_s']:,.4g} samples/s")
-    if metrics["model_tflops_per_gpu"] is not None:
-        parts.append(f"{metrics['model_tflops_per_gpu']:.4g} TFLOPS/GPU")
-    if metrics["mfu_above_peak"] is not None:
-        parts.append(f"MFU n/a (computed {100 * metrics['mfu_above_peak']:.0f}%, above peak)")
-    else:
-        parts.append(f"MFU {100 * metrics['mfu']:.1f}%" if metrics["mfu"] is not None else "MFU n/a")
-    parts.append(f"slowest rank {interval.slowest_rank}")
-    return f"[throughput] steps {interval.first_step}-{interval.last_step}{warmup}: " + " | ".join(parts)
-
-
-def step_rows(steps: torch.Tensor, stats: RunStats, run_id: str) -> list[dict[str, Any]]:
-    """Per-step JSON Lines rows: the global (slowest-rank) time and every rank's phases, and the
-    run's id (so that rows of two runs can never be taken for one). ``skipped``: an iteration the
-    framework skipped (no optimizer update), left out of the statistics."""
-    per_rank = [step_times(steps, rank) for rank in range(steps.shape[0])]
-    return [{
-        "step": ranks[0].step,
-        "run_id": run_id,
-        "warmup": stats.is_warmup(ranks[0].step),
-        "profiled": stats.is_excluded(ranks[0].step),
-        "skipped": ranks[0].step in stats.skipped,
-        "step_time_s": max(r.step_s for r in ranks),
-        "ranks": [{name: getattr(r, name) for name in StepTimes.VALUES} for r in ranks],
-    } for ranks in zip(*per_rank, strict=True)]

@@ -19,7 +19,7 @@ from nemo_throughput import environment
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import device_name, resolve_peak
-from nemo_throughput.summary import USER_FLOPS, RunFacts
+from nemo_throughput.summary import USER_FLOPS, OutputDirError, RunFacts, claim_output_dir
 
 if TYPE_CHECKING:
     import torch
@@ -204,3 +204,27 @@ def gather_rank_records() -> list[dict[str, Any]]:
     records: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(records, record)
     return records
+
+
+def claim_output_dir_on_rank_zero(rank: int, requested: str, facts: RunFacts) -> tuple[str, str]:
+    """Rank 0 makes the output directory this run's own (and probes that it can write there);
+    every rank learns the outcome (one small collective), so that all fail together, not rank 0
+    alone while the others wait for it. Returns (directory, run id)."""
+    import torch.distributed as dist  # here, as in gather_rank_records
+
+    outcome: dict[str, Any] = {"directory": requested, "run_id": facts.run_id, "error": None}
+    failure = None
+    if rank == 0:
+        try:
+            outcome["directory"] = str(claim_output_dir(requested, facts.name, facts.run_id))
+        except OutputDirError as error:
+            failure, outcome["error"] = error, str(error)
+    if dist.is_available() and dist.is_initialized():
+        shared = [outcome]
+        dist.broadcast_object_list(shared, src=0)
+        outcome = shared[0]
+    if failure is not None:
+        raise failure
+    if outcome["error"]:
+        raise OutputDirError(f"{outcome['error']} (on rank 0)")
+    return outcome["directory"], outcome["run_id"]

@@ -88,7 +88,8 @@ def _drive(rank: int, world_size: int, out: str, steps_done: tuple[int, ...], sa
     import torch.distributed as dist
 
     from nemo_throughput.config import ThroughputConfig
-    from nemo_throughput.measurement import Measurement, gather_rank_records, resolve_run_facts
+    from nemo_throughput.measurement import Measurement
+    from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts
 
     config = ThroughputConfig.from_mapping({"log_every_n_steps": LOG_EVERY_N_STEPS, "warmup_steps": 10,
                                             "output_dir": out, "per_step_jsonl": True})
