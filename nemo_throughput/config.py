@@ -59,7 +59,8 @@ class ThroughputConfig:
     """Tokens per sample. Default: from the model or data config; without it (and without a model
     shape that gives it) the rate is samples/s."""
     dtype: str | None = None
-    """Which peak MFU uses: `fp8`, `bf16`, `fp16`, `tf32` or `fp32`. Default: from the trainer's precision."""
+    """Which peak MFU uses: `fp4`, `fp8`, `bf16`, `fp16`, `tf32` or `fp32`. Default: from the trainer's
+    precision (and the model config's fp8/fp4 flags)."""
     peak_tflops: float | None = None
     """Dense peak TFLOPS per GPU. Default: from the GPU table; set it for parts the table lacks."""
     per_step_jsonl: bool = False

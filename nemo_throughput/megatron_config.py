@@ -52,6 +52,38 @@ def parallel_sizes(config: Any) -> dict[str, int]:
     return {name: int(value) for name, value in values.items() if value}
 
 
+_FP8_RECIPES = ("e4m3", "hybrid")
+_FP4_FORMATS = ("e2m1", "nvfp4")
+
+
+def low_precision(config: Any) -> str | None:
+    """"fp4" or "fp8" when the config trains its GEMMs in that format, else None. megatron-core's ``fp4``
+    is None or a format ("e2m1"), its ``fp8`` None or a recipe ("e4m3", "hybrid"); a bool is read as is.
+    Any other text is refused: a misread flag would divide MFU by the wrong peak."""
+    for key, names in (("fp4", _FP4_FORMATS), ("fp8", _FP8_RECIPES)):
+        value = get(config, key)
+        if value is None or isinstance(value, bool):
+            if value:
+                return key
+            continue
+        if isinstance(value, str) and value.lower() in names:
+            return key
+        raise ValueError(f"nemo-throughput: {key} in the model config must be null, true/false or one of "
+                         f"{list(names)}, got {value!r}: fix it in the model config.")
+    return None
+
+
+def high_precision_layers(config: Any) -> int | None:
+    """Transformer layers an fp8/fp4 run keeps in bf16 (megatron-core's ``first_last_layers_bf16`` with
+    ``num_layers_at_start_in_bf16`` and ``num_layers_at_end_in_bf16``); None when the config does not say."""
+    flag = get(config, "first_last_layers_bf16")
+    if flag is None:
+        return None
+    if not flag:
+        return 0
+    return int(get(config, "num_layers_at_start_in_bf16") or 0) + int(get(config, "num_layers_at_end_in_bf16") or 0)
+
+
 def formula_gaps(config: Any) -> list[str]:
     """What the model has that the GPT FLOPs formulas do not describe, so that FLOPs computed from
     its shape would be wrong: sliding-window layers would count as full attention (GPT-OSS: about

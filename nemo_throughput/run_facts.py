@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_throughput import environment
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
-from nemo_throughput.hardware import device_name, resolve_peak
+from nemo_throughput.hardware import LOW_PRECISION, device_name, resolve_peak
 from nemo_throughput.summary import USER_FLOPS, OutputDirError, RunFacts, claim_output_dir
 
 if TYPE_CHECKING:
@@ -29,12 +29,13 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
                       parallel: Mapping[str, int], global_batch_size: int | None, micro_batch_size: int | None,
                       batches_per_step: int, world_size: int, num_nodes: int, device: torch.device,
                       framework_dtype: str | None, rank_records: list[dict[str, Any]] | None = None,
-                      formula_gaps: Sequence[str] = ()) -> RunFacts:
+                      formula_gaps: Sequence[str] = (), high_precision_layers: int | None = None) -> RunFacts:
     """Resolve model shape, batch and hardware: explicit settings first, then what the framework's
     config says (``spec_fields``: ModelSpec fields; ``parallel``: tensor/pipeline/context/...
     sizes; ``batches_per_step``: micro-batches per optimizer step on one rank, used only when the
     global batch size is not known). ``rank_records``: every rank's :func:`environment.rank_record`.
-    ``formula_gaps``: what the model has that the formulas cannot describe (:func:`flops.formula_gaps`)."""
+    ``formula_gaps``: what the model has that the formulas cannot describe (:func:`flops.formula_gaps`).
+    ``high_precision_layers``: layers an fp8/fp4 run keeps in bf16, where the framework's config says."""
     rank_records = rank_records or [environment.rank_record()]
     shape = _shape_fields(config, spec_fields)
     spec = _model_spec(config, shape, source)
@@ -88,12 +89,22 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
         dtype=dtype,
         peak_tflops=peak,
         peak_source=peak_source,
+        precision_mix=precision_mix(dtype, high_precision_layers),
         parallel={"data": data_parallel, "tensor": 1, "pipeline": 1, "context": 1, **parallel},
         environment={**environment.capture(rank_records), "model_config_source": source},
         places=environment.places(rank_records),
         settings=config.to_dict(),
         started_at=started.isoformat(timespec="seconds"),
     )
+
+
+def precision_mix(dtype: str | None, high_precision_layers: int | None) -> dict[str, Any] | None:
+    """For an fp8/fp4 run, what its MFU is relative to: the low-precision peak, though parts of every
+    step (attention's score and value matmuls, and any layers kept in bf16) run at the bf16 rate, half
+    that peak or less. None for a run in one precision."""
+    if dtype not in LOW_PRECISION:
+        return None
+    return {"mfu_relative_to": dtype, "high_precision_layers": high_precision_layers}
 
 
 def mfu_above_peak_warning(facts: RunFacts, fraction: float) -> str:

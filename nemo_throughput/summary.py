@@ -60,6 +60,7 @@ class RunFacts:
     dtype: str | None
     peak_tflops: float | None
     peak_source: str | None  # "table:<part>", "user", or None when unknown
+    precision_mix: dict[str, Any] | None = None  # an fp8/fp4 run: what its MFU is relative to (run_facts.precision_mix)
     parallel: dict[str, int] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     places: list[dict[str, Any]] = field(default_factory=list)  # per rank: rank, host, gpu_index
@@ -183,6 +184,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "dtype": facts.dtype,
             "peak_tflops": facts.peak_tflops,
             "peak_source": facts.peak_source,
+            "precision_mix": facts.precision_mix,
         },
         "parallel": facts.parallel,
         "environment": facts.environment,

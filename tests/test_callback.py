@@ -49,7 +49,8 @@ def test_completed_run_summary_reads_shape_and_batch_from_the_nemo_style_config(
     assert throughput["model_tflops_per_gpu"] == pytest.approx(4 * summary["model"]["flops_per_sample"] / mean / 1e12)
     assert throughput["mfu"] is None and summary["hardware"]["peak_tflops"] is None  # no peak for a CPU
     assert summary["hardware"] | {"dtype": None} == {"gpu_name": "cpu", "num_gpus": 1, "num_nodes": 1,
-                                                     "dtype": None, "peak_tflops": None, "peak_source": None}
+                                                     "dtype": None, "peak_tflops": None, "peak_source": None,
+                                                     "precision_mix": None}
     assert summary["hardware"]["dtype"] in ("fp32", "tf32")
     assert timing["step_time_s"]["min"] <= timing["step_time_s"]["median"] <= timing["step_time_s"]["max"]
     breakdown = timing["breakdown_s"]
@@ -363,8 +364,11 @@ def test_model_config_readers_accept_megatron_fp8_recipes():
     from nemo_throughput.adapters.nemo import read_module
 
     shape = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "gated_linear_unit": True}
-    assert read_module(SimpleNamespace(config=SimpleNamespace(**shape, fp8="hybrid"))).fp8 is True
-    assert read_module(SimpleNamespace(config=SimpleNamespace(**shape, fp8=None))).fp8 is False
+    assert read_module(SimpleNamespace(config=SimpleNamespace(**shape, fp8="hybrid"))).low_precision == "fp8"
+    assert read_module(SimpleNamespace(config=SimpleNamespace(**shape, fp8=None))).low_precision is None
+    assert read_module(SimpleNamespace(config=SimpleNamespace(**shape, fp4="e2m1"))).low_precision == "fp4"
+    with pytest.raises(ValueError, match="fp4 in the model config must be null, true/false or one of"):
+        read_module(SimpleNamespace(config=SimpleNamespace(**shape, fp4="mxfp8")))
     assert read_module(SimpleNamespace(config=SimpleNamespace(**shape))).spec_fields["gated_linear_unit"] is True
 
 

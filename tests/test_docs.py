@@ -125,3 +125,12 @@ def test_the_readme_is_short_and_keeps_the_two_set_up_commands():
     assert len(readme.splitlines()) <= 200
     assert ".ci/setup && .venv/bin/nemo-throughput demo" in readme
     assert re.search(r"^\.ci/test\b", readme, re.M)
+
+
+def test_the_arithmetic_page_lists_every_gpu_with_its_peaks_and_source(site):
+    from nemo_throughput.hardware import ACCELERATORS
+
+    text = page_text(site / "arithmetic.html")
+    for accelerator in ACCELERATORS:
+        assert accelerator.name in text and " ".join(accelerator.source.split()) in text, accelerator.name
+    assert "B300 \\bB300\\b 13500 4500 2250 2250 1100 75" in text

@@ -85,28 +85,85 @@ def test_unknown_dtype_lists_the_valid_ones():
 
 def test_table_holds_dense_not_sparse_figures():
     # Dense tensor-core peaks double from BF16 to FP8 and halve from BF16 to TF32; a sparse figure
-    # copied by mistake for one dtype breaks the ratio.
+    # copied by mistake for one dtype breaks the ratio. FP4 doubles FP8, or triples it on Blackwell Ultra.
     for accelerator in ACCELERATORS:
         peaks = accelerator.peak_tflops
-        if "fp8" in peaks:
+        if "fp8" in peaks and "bf16" in peaks:
             assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"], rel=0.02), accelerator.name
-        assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.03), accelerator.name
-        assert peaks["fp16"] == peaks["bf16"]
+        if "tf32" in peaks and "bf16" in peaks:
+            assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.03), accelerator.name
+        if "fp4" in peaks:
+            ratio = 3 if accelerator.name in ("GB300", "B300") else 2
+            assert peaks["fp4"] == pytest.approx(ratio * peaks["fp8"], rel=0.02), accelerator.name
+        assert peaks.get("fp16") == peaks.get("bf16")
 
 
-@pytest.mark.parametrize("precision, fp8, dtype", [
-    ("bf16-mixed", False, "bf16"),
-    ("bf16-true", False, "bf16"),
-    ("bf16", False, "bf16"),
-    ("16-mixed", False, "fp16"),
-    (16, False, "fp16"),
-    ("transformer-engine", False, "fp8"),
-    ("transformer-engine-float16", False, "fp8"),
-    ("bf16-mixed", True, "fp8"),  # NeMo: precision bf16-mixed with model.fp8=True
-    ("64-true", False, None),
+def test_every_row_says_where_its_figures_come_from():
+    for accelerator in ACCELERATORS:
+        assert len(accelerator.source) > 20, accelerator.name
+        # A figure drawn from a sparse one must say it was halved, or name a dense source.
+        assert ("dense" in accelerator.source or "halved" in accelerator.source or "H100" in accelerator.source
+                or "A10's" in accelerator.source or not accelerator.peak_tflops), accelerator.name
+
+
+@pytest.mark.parametrize("driver_name, part, peaks", [
+    # names as drivers report them (public logs): Blackwell Ultra, China-market Hopper, MI350 series, RTX PRO
+    ("NVIDIA B300 SXM6 AC", "B300", {"fp4": 13500.0, "fp8": 4500.0, "bf16": 2250.0}),
+    ("NVIDIA GB300", "GB300", {"fp4": 15000.0, "fp8": 5000.0, "bf16": 2500.0}),  # not B300
+    ("NVIDIA B200", "B200", {"fp4": 9000.0, "fp8": 4500.0}),
+    ("NVIDIA GB200", "GB200", {"fp4": 10000.0, "fp8": 5000.0}),
+    ("NVIDIA H20", "H20", {"bf16": 148.0, "fp8": 296.0, "fp32": None}),  # not H200; FP32 unpublished
+    ("NVIDIA H20-3e", "H20", {"bf16": 148.0}),
+    ("NVIDIA H200", "H200 SXM", {"bf16": 989.5}),  # not H20
+    ("NVIDIA H800", "H800", {"bf16": 989.5, "fp8": 1979.0, "fp4": None}),  # Hopper: no FP4
+    ("NVIDIA H800 80GB HBM3", "H800", {"bf16": 989.5}),
+    ("NVIDIA H800 PCIe", "H800 PCIe", {"bf16": 756.5}),
+    ("AMD Instinct MI355X", "MI355X", {"fp4": 10066.0, "fp8": 5033.0, "bf16": 2516.6, "tf32": None}),
+    ("AMD Instinct MI350X", "MI350X", {"fp4": 9227.0, "bf16": 2306.9}),
+    ("AMD Instinct MI325 OAM", "MI325X", {"bf16": 1307.4, "fp4": None}),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTX PRO 6000 Blackwell Workstation",
+     {"fp4": 2015.0, "bf16": 504.0}),
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "RTX PRO 6000 Blackwell Max-Q",
+     {"bf16": 439.0}),  # its name also says Workstation Edition
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000 Blackwell Server",
+     {"tf32": 234.0, "bf16": None}),  # only rounded sparse BF16/FP8/FP4 figures are published
 ])
-def test_dtype_follows_the_trainer_precision(precision, fp8, dtype):
-    assert dtype_for_precision(precision, fp8=fp8) == dtype
+def test_new_parts_and_fp4_on_the_names_drivers_report(driver_name, part, peaks, caplog):
+    assert identify(driver_name).name == part
+    for dtype, peak in peaks.items():
+        with caplog.at_level(logging.WARNING):
+            assert peak_tflops(driver_name, dtype) == peak, dtype
+    if None in peaks.values():
+        assert "no such math, or no dense figure published" in caplog.text and "peak_tflops" in caplog.text
+
+
+@pytest.mark.parametrize("driver_name", [
+    "NVIDIA GB300 Max-Q",  # power-capped: no figures published
+    "NVIDIA H800 NVL",
+    "NVIDIA RTX PRO 6000D Blackwell Server Edition",  # the cut-down part, about a third of the full one
+    "NVIDIA RTX 6000 Ada Generation",
+    "NVIDIA RTX PRO 6000 Blackwell",  # which edition? their peaks differ by 15 %
+])
+def test_parts_without_a_published_dense_peak_give_none(driver_name, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert peak_tflops(driver_name, "bf16") is None
+    assert "peak_tflops" in caplog.text
+
+
+@pytest.mark.parametrize("precision, low_precision, dtype", [
+    ("bf16-mixed", None, "bf16"),
+    ("bf16-true", None, "bf16"),
+    ("bf16", None, "bf16"),
+    ("16-mixed", None, "fp16"),
+    (16, None, "fp16"),
+    ("transformer-engine", None, "fp8"),
+    ("transformer-engine-float16", None, "fp8"),
+    ("bf16-mixed", "fp8", "fp8"),  # NeMo: precision bf16-mixed with model.fp8=True
+    ("bf16-mixed", "fp4", "fp4"),  # megatron-core fp4="e2m1" (NVFP4)
+    ("64-true", None, None),
+])
+def test_dtype_follows_the_trainer_precision(precision, low_precision, dtype):
+    assert dtype_for_precision(precision, low_precision=low_precision) == dtype
 
 
 def test_fp32_counts_as_tf32_when_matmuls_may_use_it():

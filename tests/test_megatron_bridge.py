@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import free_port
+from conftest import free_port, read_json
 
 
 def _import_bridge_callbacks():
@@ -151,7 +151,8 @@ def lightning_summary_keys(tmp_path):
 
 def key_paths(obj, prefix=""):
     """Key paths down to the sections whose keys vary with the run by design (rank lists, settings)."""
-    if not isinstance(obj, dict) or prefix.rstrip(".") in ("settings", "environment", "model.spec", "parallel"):
+    if not isinstance(obj, dict) or prefix.rstrip(".") in ("settings", "environment", "model.spec", "parallel",
+                                                           "hardware.precision_mix"):
         return {prefix.rstrip(".")}
     return {path for key, value in obj.items() for path in key_paths(value, f"{prefix}{key}.")} | {prefix.rstrip(".")}
 
@@ -178,12 +179,30 @@ def test_a_bridge_run_writes_the_lightning_summary_with_skipped_iterations_count
     assert shape == (2, 64, 2, 176)
     assert spec["gated_linear_unit"] is True and spec["vocab_size"] == 1024  # padded to a multiple of 128 x TP 1
     assert summary["hardware"]["dtype"] == "fp8" and summary["hardware"]["num_gpus"] == 1
+    assert summary["hardware"]["precision_mix"] == {"mfu_relative_to": "fp8", "high_precision_layers": 0}
     assert summary["parallel"]["data"] == 1 and summary["parallel"]["tensor"] == 1
     assert summary["environment"]["model_config_source"] == "megatron-bridge ConfigContainer"
     tokens_per_s = summary["throughput"]["tokens_per_s"]
     assert tokens_per_s == pytest.approx(8 * 64 / timing["step_time_s"]["mean"])
 
     assert key_paths(summary) == lightning_summary_keys(tmp_path)
+
+
+@pytest.mark.parametrize("mixed_precision, first_last_bf16, dtype, layers", [
+    ("bf16_with_nvfp4_mixed", True, "fp4", 2),  # Bridge's NVFP4 recipe, first and last layer kept in bf16
+    ("bf16_with_fp8_current_scaling_mixed", False, "fp8", 0),
+    ("bf16_mixed", False, "bf16", None),
+])
+def test_an_fp4_or_fp8_run_says_which_peak_its_mfu_is_relative_to(tmp_path, mixed_precision, first_last_bf16,
+                                                                  dtype, layers):
+    callback = ThroughputCallback(output_dir=str(tmp_path), log_every_n_steps=2, warmup_steps=1, peak_tflops=100.0)
+    cfg = llama_like_config(mixed_precision=mixed_precision, steps=4)
+    cfg.model.first_last_layers_bf16 = first_last_bf16
+    run_bridge_loop(cfg, callback)
+    hardware = read_json(tmp_path / "summary.json")["hardware"]
+    assert hardware["dtype"] == dtype
+    expected = None if layers is None else {"mfu_relative_to": dtype, "high_precision_layers": layers}
+    assert hardware["precision_mix"] == expected
 
 
 def test_measured_flops_are_refused_with_what_to_do_instead():

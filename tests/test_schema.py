@@ -130,7 +130,7 @@ def test_problems_name_the_field_and_what_was_expected():
     del summary["run"]["name"]
     assert validate_summary(summary) == [
         "run: missing 'name'",
-        "hardware.dtype: 'bf17' is not one of ['fp8', 'bf16', 'fp16', 'tf32', 'fp32', None]",
+        "hardware.dtype: 'bf17' is not one of ['fp4', 'fp8', 'bf16', 'fp16', 'tf32', 'fp32', None]",
         "timing.step_time_s.mean: 'fast' is not of type 'number'",
     ]
 

@@ -2,7 +2,8 @@
 
 ``{nemo-throughput-settings}``: every field of ``ThroughputConfig`` with its type, default and the
 docstring written under the field. ``{nemo-throughput-schema}``: every field of the shipped summary
-JSON Schema with its type and description, one table per section."""
+JSON Schema with its type and description, one table per section. ``{nemo-throughput-peaks}``: the
+GPU table's dense peaks per dtype, with each row's source."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
 from nemo_throughput.config import ThroughputConfig
+from nemo_throughput.hardware import ACCELERATORS, DTYPES
 from nemo_throughput.schemas import load_summary_schema
 
 
@@ -127,7 +129,19 @@ class SchemaTables(SphinxDirective):
 SCHEMA_COLUMNS, SCHEMA_WIDTHS = ["field", "type", "required", "meaning"], [30, 16, 8, 46]
 
 
+class PeaksTable(SphinxDirective):
+    """The GPU table: part, the pattern matched on the driver's name, dense TFLOPS per dtype, source."""
+
+    def run(self) -> list[nodes.Node]:
+        rows = [[accelerator.name, f"`{accelerator.pattern}`",
+                 *(f"{accelerator.peak_tflops[dtype]:g}" if dtype in accelerator.peak_tflops else "–"
+                   for dtype in DTYPES), accelerator.source] for accelerator in ACCELERATORS]
+        return [_table(["part", "driver name (regex)", *DTYPES, "source"], rows,
+                       [12, 14, *(6 for _ in DTYPES), 38])]
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.add_directive("nemo-throughput-peaks", PeaksTable)
     app.add_directive("nemo-throughput-settings", SettingsTable)
     app.add_directive("nemo-throughput-schema", SchemaTables)
     return {"parallel_read_safe": True, "version": "1"}

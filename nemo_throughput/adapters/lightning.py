@@ -152,5 +152,6 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,
         global_batch_size=module.global_batch_size, micro_batch_size=module.micro_batch_size,
         batches_per_step=trainer.accumulate_grad_batches, world_size=trainer.world_size,
         num_nodes=trainer.num_nodes, device=trainer.strategy.root_device,
-        framework_dtype=dtype_for_precision(trainer.precision, fp8=module.fp8), rank_records=rank_records,
-        formula_gaps=module.formula_gaps)
+        framework_dtype=dtype_for_precision(trainer.precision, low_precision=module.low_precision),
+        rank_records=rank_records, formula_gaps=module.formula_gaps,
+        high_precision_layers=module.high_precision_layers)

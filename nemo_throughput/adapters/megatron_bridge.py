@@ -36,7 +36,13 @@ from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.hardware import dtype_for_precision
 from nemo_throughput.measurement import Measurement, MeasurementView
-from nemo_throughput.megatron_config import formula_gaps, padded_vocab_size, parallel_sizes, shape_fields
+from nemo_throughput.megatron_config import (
+    formula_gaps,
+    high_precision_layers,
+    padded_vocab_size,
+    parallel_sizes,
+    shape_fields,
+)
 from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts, warnings_on_rank_zero
 from nemo_throughput.summary import RunFacts
 
@@ -117,7 +123,8 @@ def describe_bridge_run(config: ThroughputConfig, cfg: Any, device: torch.device
         parallel=parallel, global_batch_size=getattr(cfg.train, "global_batch_size", None),
         micro_batch_size=getattr(cfg.train, "micro_batch_size", None), batches_per_step=1,
         world_size=len(rank_records), num_nodes=len(hosts), device=device,
-        framework_dtype=bridge_dtype(cfg), rank_records=rank_records, formula_gaps=formula_gaps(model))
+        framework_dtype=bridge_dtype(cfg), rank_records=rank_records, formula_gaps=formula_gaps(model),
+        high_precision_layers=high_precision_layers(model))
 
 
 def model_spec_fields(model: Any, seq_length: int | None = None) -> dict[str, Any]:
@@ -140,13 +147,13 @@ def model_spec_fields(model: Any, seq_length: int | None = None) -> dict[str, An
 
 def bridge_dtype(cfg: Any) -> str | None:
     """The matmul dtype of a Bridge run: ``cfg.mixed_precision`` (a MixedPrecisionConfig or a recipe
-    name such as "bf16_with_fp8_current_scaling_mixed"), else the model provider's flags. An fp8
-    recipe counts as fp8; fp4 has no peak in our table (MFU null unless dtype/peak_tflops are set)."""
+    name such as "bf16_with_nvfp4_mixed"), else the model provider's flags. An fp4 (NVFP4, MXFP4) recipe
+    counts as fp4, an fp8 one as fp8: MFU divides by that format's peak (hardware.precision_mix says so)."""
     precision = getattr(cfg, "mixed_precision", None)
     if isinstance(precision, str):  # a recipe name, before Bridge's config validation turns it into its config
         name = precision.lower().replace("-", "_")
         if "fp4" in name:
-            return None
+            return "fp4"
         if "fp8" in name:
             return "fp8"
         for prefix in ("bf16", "fp16"):
@@ -155,7 +162,7 @@ def bridge_dtype(cfg: Any) -> str | None:
         return dtype_for_precision("32")
     source = precision if precision is not None else cfg.model
     if getattr(source, "fp4", None):
-        return None
+        return "fp4"
     if getattr(source, "fp8", None):
         return "fp8"
     for flag, dtype in (("bf16", "bf16"), ("fp16", "fp16")):

@@ -15,10 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_throughput.megatron_config import formula_gaps, get, padded_vocab_size, parallel_sizes, shape_fields
+from nemo_throughput.megatron_config import (
+    formula_gaps,
+    get,
+    high_precision_layers,
+    low_precision,
+    padded_vocab_size,
+    parallel_sizes,
+    shape_fields,
+)
 
 _GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
-_FP8_RECIPES = ("e4m3", "hybrid")
 
 
 @dataclass
@@ -30,7 +37,8 @@ class ModuleFacts:
     global_batch_size: int | None = None
     micro_batch_size: int | None = None
     parallel: dict[str, int] = field(default_factory=dict)  # tensor/pipeline/context/virtual_pipeline
-    fp8: bool = False
+    low_precision: str | None = None  # "fp8" or "fp4" when the GEMMs run in it
+    high_precision_layers: int | None = None  # layers such a run keeps in bf16, where the config says
     formula_gaps: list[str] = field(default_factory=list)  # what the model has that ModelSpec cannot describe
 
 
@@ -59,7 +67,7 @@ def _from_nemo1_cfg(cfg: Any, pl_module: Any) -> ModuleFacts:
         global_batch_size=get(cfg, "global_batch_size"),
         micro_batch_size=get(cfg, "micro_batch_size"),
         parallel=parallel_sizes(cfg),
-        fp8=_flag(cfg, "fp8"),
+        low_precision="fp8" if _flag(cfg, "fp8") else None,
     )
 
 
@@ -84,7 +92,8 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
         global_batch_size=get(datamodule, "global_batch_size"),
         micro_batch_size=get(datamodule, "micro_batch_size"),
         parallel=parallel,
-        fp8=_megatron_fp8(config),
+        low_precision=low_precision(config),
+        high_precision_layers=high_precision_layers(config),
         formula_gaps=formula_gaps(config),
     )
 
@@ -96,14 +105,3 @@ def _flag(obj: Any, key: str) -> bool:
         return bool(value)
     raise ValueError(f"nemo-throughput: {key} in the model config must be true or false, got {value!r} "
                      f"({type(value).__name__}): fix it in the model config.")
-
-
-def _megatron_fp8(config: Any) -> bool:
-    """megatron-core's ``fp8`` is None (off) or a recipe name ("e4m3", "hybrid"); a bool is read as is."""
-    value = get(config, "fp8")
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str) and value.lower() in _FP8_RECIPES:
-        return True
-    raise ValueError(f"nemo-throughput: fp8 in the model config must be null, true/false or one of "
-                     f"{list(_FP8_RECIPES)}, got {value!r}: fix it in the model config.")
