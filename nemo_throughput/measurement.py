@@ -33,6 +33,7 @@ import torch.distributed as dist
 from nemo_throughput import environment
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, RunStats
 from nemo_throughput.background import OrderedWorker
+from nemo_throughput.batches import PACKED, PADDED
 from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED
@@ -169,6 +170,20 @@ class Measurement:
         self._sigterm.install()
 
     # ----------------------------------------------------------------------- hot path
+    def batch_seen(self, layout: str | None) -> None:
+        """The first training batch's layout (batches.batch_layout), told once by an adapter that sees it.
+        Packed or padded batches make the config's tokens per step count padding: the summary and a
+        warning say so rather than let the rate pass for real tokens."""
+        if self.facts is None:
+            return
+        self.facts.batch_layout = layout
+        if layout in (PACKED, PADDED) and self.rank == 0 and self.facts.seq_length is not None:
+            log.warning("nemo-throughput: the training batches are %s; tokens/s, TFLOPS and MFU count global "
+                        "batch x seq_length = %s tokens per step, padding included, and attention as if every "
+                        "sample were seq_length long: read them as an upper bound (batch.layout: %s in the summary).",
+                        "packed (cu_seqlens: several sequences per row)" if layout == PACKED else
+                        "padded (a 2-D attention mask)", f"{self.facts.workload.tokens_per_step:,}", layout)
+
     def step_start(self, steps_done: int) -> None:
         """A micro-batch (or the whole step, where the framework has no finer event) starts."""
         if self._timer is not None:

@@ -61,6 +61,7 @@ class RunFacts:
     peak_tflops: float | None
     peak_source: str | None  # "table:<part>", "user", or None when unknown
     precision_mix: dict[str, Any] | None = None  # an fp8/fp4 run: what its MFU is relative to (run_facts.precision_mix)
+    batch_layout: str | None = None  # batches.batch_layout of the first training batch; None: not seen or not readable
     parallel: dict[str, int] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     places: list[dict[str, Any]] = field(default_factory=list)  # per rank: rank, host, gpu_index
@@ -168,6 +169,8 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "micro_batch_size": facts.micro_batch_size,
             "seq_length": facts.seq_length,
             "tokens_per_step": facts.workload.tokens_per_step,
+            "token_count": "config",
+            "layout": facts.batch_layout,
         },
         "model": {
             "name": facts.model_name,

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nemo_throughput.adapters.nemo import read_module
+from nemo_throughput.batches import batch_layout
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.hardware import dtype_for_precision
 from nemo_throughput.measurement import Measurement, MeasurementView
@@ -53,6 +54,7 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         self.measurement = Measurement(ThroughputConfig.from_mapping(settings))
         self.from_hydra_config = False  # set by the `+callbacks=throughput` factory
         self._read_metrics: Callable[[], Mapping[str, Any]] | None = None  # the trainer's, made at set-up
+        self._batch_unseen = True  # the first training batch of a fit is looked at once
 
     # ----------------------------------------------------------------------- set-up
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -60,6 +62,7 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
             return
         rank = trainer.global_rank
         self._read_metrics = functools.partial(getattr, trainer, "callback_metrics")
+        self._batch_unseen = True
         records = gather_rank_records()
         try:
             with warnings_on_rank_zero(rank):
@@ -101,6 +104,9 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
     # ----------------------------------------------------------------------- hot path
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.measurement.step_start(trainer.global_step)
+        if self._batch_unseen:  # once per fit: the layout of the batches, from the first one's keys and shapes
+            self._batch_unseen = False
+            self.measurement.batch_seen(batch_layout(batch))
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self.measurement.before_backward()
