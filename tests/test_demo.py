@@ -51,6 +51,7 @@ def test_demo_trains_two_ranks_and_prints_only_progress_warnings_and_the_headlin
     assert "LeafSpec" not in console and "deprecated" not in console.lower()
     assert "litlogger" not in console.lower()
     assert "GPU available" not in console
+    assert "srun" not in console  # Lightning's hint to use srun, where Slurm's tools are installed
 
     # Nothing is lost: each rank's log file keeps every line, once, ours included.
     rank0_log = (output_dir / "train.log").read_text()

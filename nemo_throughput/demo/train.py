@@ -27,6 +27,9 @@ with contextlib.suppress(ImportError):
 # rank and run; nothing a demo user can act on. Only that warning, only from that module.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
                         module=r"(pytorch_lightning|lightning\.pytorch)\.utilities\._pytree")
+# On a host with Slurm's tools installed, Lightning suggests prefixing the command with srun; the demo
+# starts its own ranks on purpose (and under srun Lightning uses Slurm's, without this warning).
+warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
 
 
 def gradient_accumulation(model_cfg: DictConfig, world_size: int) -> int:
