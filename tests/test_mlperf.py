@@ -441,3 +441,15 @@ def test_runs_of_one_label_on_different_node_counts_are_never_one_group(capsys, 
     groups = report_json(capsys, tmp_path)["time_to_train"]
     assert sorted((g["num_nodes"], g["num_gpus"], g["time_to_train_minutes"]["runs"]) for g in groups) == [
         (2, 16, 10), (4, 16, 10)]
+
+
+def test_the_speedup_baseline_is_the_fewest_gpus_then_the_fewest_nodes():
+    from nemo_throughput.report.time_to_train import TrainGroup, _add_speedup
+
+    def group(nodes, gpus, minutes):
+        return TrainGroup("llama2_70b_lora", "eos", nodes, gpus, {"olympic": minutes, "mean": minutes})
+
+    four_by_four, two_by_eight, eight_by_eight = group(4, 16, 30.0), group(2, 16, 20.0), group(8, 64, 5.0)
+    _add_speedup([four_by_four, eight_by_eight, two_by_eight])  # in any order
+    assert two_by_eight.speedup == 1.0 and four_by_four.speedup == pytest.approx(20 / 30)
+    assert eight_by_eight.speedup == 4.0 and eight_by_eight.scaling_efficiency == 1.0

@@ -21,7 +21,7 @@ class TrainGroup:
     num_nodes: int
     num_gpus: int
     time_to_train_minutes: dict[str, Any]  # olympic, mean, two_sigma, runs, converged (and how they were scored)
-    speedup: float | None = None  # over the smallest accelerator count of the same benchmark and label
+    speedup: float | None = None  # over the smallest accelerator count (then fewest nodes) of the benchmark and label
     speedup_of: str | None = None  # "olympic" where both groups have one, else "mean"
     scaling_efficiency: float | None = None  # speedup / accelerator-count ratio
     files: list[str] = field(default_factory=list)
@@ -82,10 +82,11 @@ def _train_group(members: list[Any]) -> TrainGroup:
 
 
 def _add_speedup(groups: list[TrainGroup]) -> None:
-    """Speedup and scaling efficiency over the smallest accelerator count of the same benchmark and label."""
+    """Speedup and scaling efficiency over the smallest accelerator count of the same benchmark and label;
+    of two systems with that count (2 nodes of 8, 4 of 4), over the one with fewer nodes."""
     for group in groups:
         base = min((g for g in groups if (g.benchmark, g.label) == (group.benchmark, group.label)),
-                   key=attrgetter("num_gpus"))
+                   key=attrgetter("num_gpus", "num_nodes"))
         basis = "olympic" if base.time_to_train_minutes["olympic"] and group.time_to_train_minutes["olympic"] \
             else "mean"
         before, after = base.time_to_train_minutes[basis], group.time_to_train_minutes[basis]
