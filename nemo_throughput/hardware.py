@@ -1,8 +1,8 @@
 """Peak dense FLOP/s per accelerator and dtype, matched on the names drivers really report.
 
-Figures are dense (no 2:4 sparsity) tensor-core peaks from the vendors' data sheets, per GPU.
-H100/H200 SXM BF16 is 989.5 and FP8 1979 TFLOPS, the convention of the public benchmark
-tables this project reproduces. An unknown or ambiguous part gives ``None`` and a warning: MFU
+Figures are dense (no 2:4 sparsity) tensor-core peaks per GPU, each row naming its source (the
+vendor's data sheet, unless the vendor publishes none). H100/H200 SXM BF16 is 989.5 and FP8 1979
+TFLOPS, the convention of the public benchmark tables this project reproduces. An unknown or ambiguous part gives ``None`` and a warning: MFU
 is then reported as null rather than computed against a guessed peak.
 """
 
