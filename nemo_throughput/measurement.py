@@ -174,10 +174,10 @@ class Measurement:
         """The first training batch's layout (batches.batch_layout), told once by an adapter that sees it.
         Packed or padded batches make the config's tokens per step count padding: the summary and a
         warning say so rather than let the rate pass for real tokens."""
-        if self.facts is None:
+        if self.facts is None or self.facts.seq_length is None:  # samples that are not token sequences
             return
         self.facts.batch_layout = layout
-        if layout in (PACKED, PADDED) and self.rank == 0 and self.facts.seq_length is not None:
+        if layout in (PACKED, PADDED) and self.rank == 0:
             log.warning("nemo-throughput: the training batches are %s; tokens/s, TFLOPS and MFU count global "
                         "batch x seq_length = %s tokens per step, padding included, and attention as if every "
                         "sample were seq_length long: read them as an upper bound (batch.layout: %s in the summary).",

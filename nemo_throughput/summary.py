@@ -169,7 +169,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "micro_batch_size": facts.micro_batch_size,
             "seq_length": facts.seq_length,
             "tokens_per_step": facts.workload.tokens_per_step,
-            "token_count": "config",
+            "token_count": "config" if facts.workload.tokens_per_step is not None else None,
             "layout": facts.batch_layout,
         },
         "model": {
