@@ -11,9 +11,9 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
   summary), environment and redact (where a run ran, secrets left out), target (time to target),
   batches (a batch's layout: packed, padded), signals (SIGTERM), background (the reporting thread),
   progress (an interval's live line and steps.jsonl rows), outputs (where commands write), presets
-  (named model shapes); explain/ (run, telemetry, network, profiler, probe: why the numbers are what
-  they are); run_facts (a run's facts, worked out at set-up) and measurement (a run's life cycle),
-  which every adapter drives.
+  (named model shapes); explain/ (run, telemetry, telemetry_stats, network, profiler, probe: why the
+  numbers are what they are); run_facts (a run's facts, worked out at set-up) and measurement (a
+  run's life cycle), which every adapter drives.
 * adapters: lightning (the Lightning callback), megatron_bridge (the Bridge callback), nemo (NeMo
   model config readers), nemo_run (``nemo_callback``, the NeMo 2 / NeMo-Run entry), hydra (the job
   callback and Lightning's callbacks_factory).

@@ -16,15 +16,14 @@ from nemo_throughput.explain import telemetry
 from nemo_throughput.explain.telemetry import (
     CLOCKS_EVENT_REASONS,
     FIELDS,
-    GIB,
     DeviceTelemetry,
     NvmlReader,
-    TelemetryStats,
     memory_fields,
     nvml,
     nvml_handle,
     throttle_reason_names,
 )
+from nemo_throughput.explain.telemetry_stats import GIB, TelemetryStats
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 NAN = float("nan")

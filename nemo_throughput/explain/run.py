@@ -20,7 +20,8 @@ from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.explain.network import network_section
 from nemo_throughput.explain.probe import run_probe
 from nemo_throughput.explain.profiler import ProfileWindow, communication_section
-from nemo_throughput.explain.telemetry import DeviceTelemetry, TelemetryStats
+from nemo_throughput.explain.telemetry import DeviceTelemetry
+from nemo_throughput.explain.telemetry_stats import TelemetryStats
 
 log = logging.getLogger(__name__)
 
