@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nemo_throughput.errors import ReportError
 from nemo_throughput.flops import FORMULAS, ModelSpec
@@ -88,7 +89,7 @@ def run_import(args: argparse.Namespace) -> int:
               "and its permissions)", file=sys.stderr)
         return 2
     except Exception as error:  # noqa: BLE001 - an input must never end in a traceback
-        what, hint = mlperf.UNREADABLE if is_mlperf else ("could not import it", "(please report this with the file)")
+        what, hint = MLPERF_UNREADABLE if is_mlperf else ("could not import it", "(please report this with the file)")
         print(f"nemo-throughput import: {printable(progress['at'])}: {what} ({type(error).__name__}: "
               f"{printable(error)}) {hint}",
               file=sys.stderr)
@@ -126,7 +127,7 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
     """`--format mlperf`: one summary per result file (the options of the other formats do not apply);
     a submitter folder (results/ and systems/) imports whole. The command's own warning is said once,
     before the first file's."""
-    mlperf.refuse_inapplicable(args)
+    refuse_inapplicable_to_mlperf(args)
     files = mlperf.result_files(args.logs)
     imported = []
     for path, name in zip(files, output_names(files), strict=True):
@@ -136,7 +137,7 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
                                               orchestrator=args.orchestrator, gpu_name=args.gpu_name)
         imported.append((_summary_path(args.output_dir, name), summary, notes))
     once = () if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary, _ in imported]),)
-    return [(path, summary, functools.partial(mlperf.say_imported, summary=summary, notes=notes,
+    return [(path, summary, functools.partial(say_mlperf_imported, summary=summary, notes=notes,
                                               once=once if i == 0 else ()))
             for i, (path, summary, notes) in enumerate(imported)]
 
@@ -253,3 +254,40 @@ def _spec_from_json(text: str, seq_length: int) -> ModelSpec:
     if not isinstance(fields, dict):
         raise ReportError("--model-spec must be a JSON object of ModelSpec fields")
     return ModelSpec.from_dict({"seq_length": seq_length, **fields})
+
+
+# --format mlperf: options of the other formats that an MLPerf log answers itself, or that have no meaning for it.
+MLPERF_INAPPLICABLE = ("model", "model_spec", "flops_per_sample", "model_name", "global_batch_size", "seq_length",
+                       "rank", "window", "dtype", "peak_tflops")
+
+
+def refuse_inapplicable_to_mlperf(args: argparse.Namespace) -> None:
+    given = [f"--{name.replace('_', '-')}" for name in MLPERF_INAPPLICABLE if getattr(args, name, None) is not None]
+    if given:
+        raise ReportError(f"{', '.join(given)} do(es) not apply to --format mlperf: the result file states the "
+                          "benchmark, batch and timing (leave them out)")
+
+
+# What import says of a file mlperf-logging's parser stops on (e.g. an :::MLLOG line without time_ms).
+MLPERF_UNREADABLE = ("could not read it as an MLPerf result file",
+                     "(check the file; check it with python -m mlperf_logging.compliance_checker too)")
+
+
+def say_mlperf_warning(note: str, where: str | None = None) -> None:
+    """Every warning of an MLPerf import, in the one format of `import` (`notice`)."""
+    print(notice(where, f"warning: {note}") if where else f"nemo-throughput import: warning: {note}", file=sys.stderr)
+
+
+def say_mlperf_imported(target: Path, summary: dict[str, Any], notes: list[str], once: tuple[str, ...] = ()) -> None:
+    """The file's warnings (after ``once``, the command's own), then one line of what was written."""
+    for note in once:
+        say_mlperf_warning(note)
+    for note in notes:
+        say_mlperf_warning(note, summary["environment"]["imported_from"])
+    ttt = summary["time_to_train"]
+    minutes = f"{ttt['minutes']:.2f} min" if ttt["minutes"] is not None else "no time to train"
+    rate = summary["throughput"]["samples_per_s"]
+    print(f"{printable(target)}: {ttt['benchmark']} on {printable(summary['run']['label'])} "
+          f"({summary['hardware']['num_gpus']} GPUs), {minutes}, {ttt['status'] or 'no status'}, "
+          f"{'compliant' if ttt['compliant'] else 'NOT compliant'} ({ttt['ruleset']})"
+          + (f", {rate:,.4g} samples/s" if rate is not None else ""))

@@ -16,14 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_throughput.environment import package_version
 from nemo_throughput.errors import ReportError
-from nemo_throughput.importers import notice
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.summary import ResultRate, RunFacts, build_summary
 from nemo_throughput.text import printable
@@ -491,40 +489,3 @@ def _notes(result: ResultLog, error: str | None) -> list[str]:
     if result.parse_errors:
         notes.append(f"{len(result.parse_errors)} :::MLLOG line(s) could not be parsed")
     return notes
-
-
-# Options of the other formats that an MLPerf log answers itself, or that have no meaning for it.
-INAPPLICABLE = ("model", "model_spec", "flops_per_sample", "model_name", "global_batch_size", "seq_length", "rank",
-                "window", "dtype", "peak_tflops")
-
-
-def refuse_inapplicable(args: Any) -> None:
-    given = [f"--{name.replace('_', '-')}" for name in INAPPLICABLE if getattr(args, name, None) is not None]
-    if given:
-        raise ReportError(f"{', '.join(given)} do(es) not apply to --format mlperf: the result file states the "
-                          "benchmark, batch and timing (leave them out)")
-
-
-# What import says of a file mlperf-logging's parser stops on (e.g. an :::MLLOG line without time_ms).
-UNREADABLE = ("could not read it as an MLPerf result file",
-              "(check the file; check it with python -m mlperf_logging.compliance_checker too)")
-
-
-def say_warning(note: str, where: str | None = None) -> None:
-    """Every warning of an MLPerf import, in the one format of `import` (`notice`)."""
-    print(notice(where, f"warning: {note}") if where else f"nemo-throughput import: warning: {note}", file=sys.stderr)
-
-
-def say_imported(target: Path, summary: dict[str, Any], notes: list[str], once: tuple[str, ...] = ()) -> None:
-    """The file's warnings (after ``once``, the command's own), then one line of what was written."""
-    for note in once:
-        say_warning(note)
-    for note in notes:
-        say_warning(note, summary["environment"]["imported_from"])
-    ttt = summary["time_to_train"]
-    minutes = f"{ttt['minutes']:.2f} min" if ttt["minutes"] is not None else "no time to train"
-    rate = summary["throughput"]["samples_per_s"]
-    print(f"{printable(target)}: {ttt['benchmark']} on {printable(summary['run']['label'])} "
-          f"({summary['hardware']['num_gpus']} GPUs), {minutes}, {ttt['status'] or 'no status'}, "
-          f"{'compliant' if ttt['compliant'] else 'NOT compliant'} ({ttt['ruleset']})"
-          + (f", {rate:,.4g} samples/s" if rate is not None else ""))
