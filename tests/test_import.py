@@ -800,6 +800,7 @@ def test_terminal_escapes_in_file_names_never_reach_the_console(tmp_path, capsys
     missing = tmp_path / "no\x1b[31mred\x1b]0;title\x07.log"
     code, out, err = run_import(capsys, missing, out=tmp_path)
     assert code == 2 and "no such file" in err
+    assert "\x1b" not in err and "\x07" not in err and "red" in err
     renamed = tmp_path / "in\x1b[31mred.log"
     renamed.write_bytes((DATA / "megatron_lm_mixtral_issue756.log").read_bytes())
     code, out, err = run_import(capsys, renamed, "--warmup", "0", out=tmp_path / "out")
