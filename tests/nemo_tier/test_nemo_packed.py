@@ -1,0 +1,75 @@
+"""Packed sequences as NeMo 2 builds them (its packing utilities and GPTSFTPackedDataset's
+collate_fn), handed to a real Lightning Trainer: the summary says the batches are packed and the
+tokens per step count their padding."""
+
+import json
+import logging
+
+import numpy as np
+import torch
+
+from nemo_throughput import ThroughputCallback
+from nemo_throughput.batches import batch_layout
+
+PACK, EOS = 16, 2
+
+
+class _Tokenizer:  # what GPTSFTPackedDataset.collate_fn reads of a tokenizer
+    eos_id = EOS
+
+
+def nemo_packed_batches(tmp_path, lengths=(6, 9, 4, 11, 7)):
+    """Real packs: NeMo's create_hist / create_packing_strategy / fill_packing_strategy on tokenized
+    examples, saved as prepare_packed_sequence_data saves them, read back by create_sft_dataset."""
+    from nemo.collections.llm.gpt.data.core import create_sft_dataset
+    from nemo.utils.sequence_packing_utils import create_hist, create_packing_strategy, fill_packing_strategy
+
+    rng = np.random.default_rng(0)
+    examples = [{"input_ids": rng.integers(10, 100, n - 1).tolist() + [EOS], "answer_start_idx": 2} for n in lengths]
+    sequences, histogram = create_hist(np.array(examples), truncate_seq_len=PACK)
+    assignments, _ = create_packing_strategy(histogram, PACK, "first_fit_decreasing")
+    path = tmp_path / f"training_{PACK}.npy"
+    np.save(path, fill_packing_strategy(assignments, sequences, PACK, pad_id=EOS))
+    dataset = create_sft_dataset(path, tokenizer=_Tokenizer(), seq_length=PACK, pad_to_max_length=True)
+    return [dataset.collate_fn([dataset[i]]) for i in range(len(dataset))]  # micro-batch 1, as NeMo packs
+
+
+def test_nemo_packed_batches_are_named_packed(tmp_path):
+    batches = nemo_packed_batches(tmp_path)
+    assert batches and all("cu_seqlens" in batch for batch in batches)
+    assert {batch_layout(batch) for batch in batches} == {"packed"}
+
+
+def test_a_run_on_nemo_packed_batches_says_its_tokens_count_padding(tmp_path, caplog):
+    import lightning.pytorch as pl
+
+    batches = nemo_packed_batches(tmp_path)
+
+    class PackedLM(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(128, 16)
+            self.head = torch.nn.Linear(16, 128)
+
+        def training_step(self, batch, batch_idx):
+            logits = self.head(self.embedding(batch["tokens"]))
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(batches * 4, batch_size=None)
+
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=2, warmup_steps=1,
+                                  micro_batch_size=1, seq_length=PACK,
+                                  model_spec={"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
+                                              "vocab_size": 128})
+    with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
+        pl.Trainer(max_steps=4, callbacks=[callback], logger=False, accelerator="cpu", devices=1,
+                   default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                   enable_checkpointing=False).fit(PackedLM())
+    summary = json.loads(open(callback.summary_path).read())
+    assert summary["batch"]["layout"] == "packed" and summary["batch"]["token_count"] == "config"
+    assert summary["batch"]["tokens_per_step"] == PACK
+    assert sum("the training batches are packed (cu_seqlens" in r.getMessage() for r in caplog.records) == 1
