@@ -171,11 +171,13 @@ class Measurement:
 
     # ----------------------------------------------------------------------- hot path
     def batch_seen(self, layout: str | None) -> None:
-        """The first training batch's layout (batches.batch_layout), told once by an adapter that sees it.
+        """The first training batch's layout (batches.batch_layout), told once by an adapter that sees it;
+        None (no readable batch) keeps what the framework's config said (NeMo 2's packed data module).
         Packed or padded batches make the config's tokens per step count padding: the summary and a
         warning say so rather than let the rate pass for real tokens."""
         if self.facts is None or self.facts.seq_length is None:  # samples that are not token sequences
             return
+        layout = layout or self.facts.batch_layout
         self.facts.batch_layout = layout
         if layout in (PACKED, PADDED) and self.rank == 0:
             log.warning("nemo-throughput: the training batches are %s; tokens/s, TFLOPS and MFU count global "

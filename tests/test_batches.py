@@ -88,3 +88,37 @@ def test_a_run_on_packed_or_padded_batches_says_its_tokens_count_padding(tmp_pat
     assert len(warned) == (0 if layout == "fixed" else 1)
     if warned:
         assert f"the training batches are {layout}" in warned[0] and "batch.layout: " + layout in warned[0]
+
+
+def test_a_data_module_that_packs_says_so_where_the_hooks_see_no_batch(tmp_path, quiet_trainer_kwargs, caplog):
+    """NeMo 2's FineTuningDataModule with packed_sequence_specs has packed_sequence_size > 0, and
+    NeMo's Megatron strategy hands the hooks no batch to read: the data module's word stands."""
+    from types import SimpleNamespace
+
+    import pytorch_lightning as pl
+
+    class PackingDataModule(pl.LightningDataModule):
+        packed_sequence_size, seq_length, micro_batch_size, global_batch_size = 16, 16, 1, 1
+
+        def train_dataloader(self):  # batches the layout cannot be read from
+            return torch.utils.data.DataLoader([{"sample_ids": torch.tensor([i])} for i in range(8)], batch_size=None)
+
+    class MegatronStyleLM(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.config = SimpleNamespace(num_layers=1, hidden_size=16, num_attention_heads=2, vocab_size=128)
+            self.layer = torch.nn.Linear(16, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(torch.randn(1, 16)).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=2, warmup_steps=1)
+    with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
+        pl.Trainer(max_steps=4, callbacks=[callback], logger=False, **quiet_trainer_kwargs).fit(
+            MegatronStyleLM(), datamodule=PackingDataModule())
+    summary = json.loads(open(callback.summary_path).read())
+    assert summary["batch"]["layout"] == "packed" and summary["batch"]["tokens_per_step"] == 16
+    assert sum("the training batches are packed" in r.getMessage() for r in caplog.records) == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_throughput.batches import PACKED
 from nemo_throughput.megatron_config import (
     formula_gaps,
     get,
@@ -39,6 +40,7 @@ class ModuleFacts:
     parallel: dict[str, int] = field(default_factory=dict)  # tensor/pipeline/context/virtual_pipeline
     low_precision: str | None = None  # "fp8" or "fp4" when the GEMMs run in it
     high_precision_layers: int | None = None  # layers such a run keeps in bf16, where the config says
+    batch_layout: str | None = None  # "packed" when the data module packs sequences (NeMo 2 packed SFT)
     formula_gaps: list[str] = field(default_factory=list)  # what the model has that ModelSpec cannot describe
 
 
@@ -94,6 +96,7 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
         parallel=parallel,
         low_precision=low_precision(config),
         high_precision_layers=high_precision_layers(config),
+        batch_layout=PACKED if (get(datamodule, "packed_sequence_size") or 0) > 0 else None,
         formula_gaps=formula_gaps(config),
     )
 

@@ -73,3 +73,22 @@ def test_a_run_on_nemo_packed_batches_says_its_tokens_count_padding(tmp_path, ca
     assert summary["batch"]["layout"] == "packed" and summary["batch"]["token_count"] == "config"
     assert summary["batch"]["tokens_per_step"] == PACK
     assert sum("the training batches are packed (cu_seqlens" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_nemo2_finetuning_data_module_with_packed_sequences_reads_as_packed(tmp_path):
+    """Under NeMo's Megatron strategy the hooks get no batch: a FineTuningDataModule with
+    packed_sequence_specs says the run is packed; one without says nothing."""
+    from types import SimpleNamespace
+
+    from nemo.collections.llm.gpt.data.fine_tuning import FineTuningDataModule
+    from nemo.collections.llm.gpt.data.packed_sequence import PackedSequenceSpecs
+
+    from nemo_throughput.adapters.nemo import read_module
+
+    model = SimpleNamespace(config=SimpleNamespace(num_layers=2, hidden_size=64, num_attention_heads=4,
+                                                   vocab_size=1024))
+    packed = FineTuningDataModule(dataset_root=tmp_path, seq_length=2048, micro_batch_size=1, global_batch_size=8,
+                                  packed_sequence_specs=PackedSequenceSpecs(packed_sequence_size=2048))
+    unpacked = FineTuningDataModule(dataset_root=tmp_path, seq_length=2048, micro_batch_size=1, global_batch_size=8)
+    assert read_module(model, packed).batch_layout == "packed"
+    assert read_module(model, unpacked).batch_layout is None
