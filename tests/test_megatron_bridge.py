@@ -14,11 +14,13 @@ The full ``pretrain`` loop needs CUDA and Python 3.12: tests/gpu.
 
 import importlib.util
 import json
+import logging
 import os
 import sys
 import time
 import types
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -77,6 +79,7 @@ class ConfigContainer:  # stand-in: the real one cannot be imported on Python 3.
     model: TinyGPTProvider
     train: TrainingConfig
     mixed_precision: str | None = "bf16_mixed"
+    dataset: Any = None  # its packing flags, as Bridge 0.6.2's training/config.py reads them
 
 
 @dataclass
@@ -204,6 +207,23 @@ def test_an_fp4_or_fp8_run_says_which_peak_its_mfu_is_relative_to(tmp_path, mixe
     assert hardware["dtype"] == dtype
     expected = None if layers is None else {"mfu_relative_to": dtype, "high_precision_layers": layers}
     assert hardware["precision_mix"] == expected
+
+
+@pytest.mark.parametrize("dataset, layout", [
+    (types.SimpleNamespace(enable_offline_packing=True, enable_in_batch_packing=False), "packed"),  # packed SFT
+    (types.SimpleNamespace(enable_offline_packing=False, enable_in_batch_packing=True), "packed"),
+    (types.SimpleNamespace(enable_offline_packing=False, enable_in_batch_packing=False), None),
+    (None, None),  # a pretraining config without those flags
+])
+def test_a_bridge_run_that_packs_sequences_says_its_tokens_count_padding(tmp_path, caplog, dataset, layout):
+    callback = ThroughputCallback(output_dir=str(tmp_path), log_every_n_steps=2, warmup_steps=1)
+    cfg = llama_like_config(steps=4)
+    cfg.dataset = dataset
+    with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
+        run_bridge_loop(cfg, callback)
+    assert read_json(tmp_path / "summary.json")["batch"]["layout"] == layout
+    warned = sum("the training batches are packed" in r.getMessage() for r in caplog.records)
+    assert warned == (1 if layout else 0)
 
 
 def test_measured_flops_are_refused_with_what_to_do_instead():

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_throughput.batches import PACKED
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.hardware import dtype_for_precision
@@ -106,6 +107,7 @@ class BridgeThroughputCallback(MeasurementView):
             facts = describe_bridge_run(self.config, cfg, _device(), records)
         self.measurement.set_up(facts, _device(), rank, records,
                                 requested_dir=os.path.join(os.getcwd(), "throughput"))
+        self.measurement.batch_seen(None)  # Bridge hands callbacks no batch: the dataset config's word stands
 
 
 ThroughputCallback = BridgeThroughputCallback  # the name this module first gave it
@@ -118,13 +120,24 @@ def describe_bridge_run(config: ThroughputConfig, cfg: Any, device: torch.device
     model = cfg.model
     parallel = parallel_sizes(model)
     hosts = {record["node"] for record in rank_records}
-    return resolve_run_facts(
+    facts = resolve_run_facts(
         config, spec_fields=model_spec_fields(model, _dataset_seq_length(cfg)), source=CONFIG_SOURCE,
         parallel=parallel, global_batch_size=getattr(cfg.train, "global_batch_size", None),
         micro_batch_size=getattr(cfg.train, "micro_batch_size", None), batches_per_step=1,
         world_size=len(rank_records), num_nodes=len(hosts), device=device,
         framework_dtype=bridge_dtype(cfg), rank_records=rank_records, formula_gaps=formula_gaps(model),
         high_precision_layers=high_precision_layers(model))
+    if facts.seq_length is not None:
+        facts.batch_layout = bridge_batch_layout(cfg)
+    return facts
+
+
+def bridge_batch_layout(cfg: Any) -> str | None:
+    """PACKED when Bridge packs sequences (``cfg.dataset.enable_offline_packing``, a packed SFT file, or
+    ``enable_in_batch_packing``); None when its dataset config does not say (its callbacks see no batch)."""
+    dataset = getattr(cfg, "dataset", None)
+    packs = getattr(dataset, "enable_offline_packing", False) or getattr(dataset, "enable_in_batch_packing", False)
+    return PACKED if packs else None
 
 
 def model_spec_fields(model: Any, seq_length: int | None = None) -> dict[str, Any]:
