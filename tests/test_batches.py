@@ -7,6 +7,7 @@ import logging
 import pytest
 import torch
 
+from lightning_modules import tiny_lm
 from nemo_throughput import ThroughputCallback
 from nemo_throughput.batches import batch_layout
 
@@ -40,31 +41,8 @@ def test_the_layout_is_read_from_keys_and_shapes(batch, layout):
     assert batch_layout(batch) == layout
 
 
-class DictBatchLM:
-    """A real LightningModule whose data loader yields the given dict batches."""
-
-    @staticmethod
-    def make(batch):
-        import pytorch_lightning as pl
-
-        class LM(pl.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.embedding = torch.nn.Embedding(128, 16)
-                self.head = torch.nn.Linear(16, 128)
-
-            def training_step(self, batch, batch_idx):
-                tokens = batch["tokens"] if "tokens" in batch else batch["input_ids"]
-                return torch.nn.functional.cross_entropy(self.head(self.embedding(tokens)).flatten(0, 1),
-                                                         tokens.flatten())
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
-
-            def train_dataloader(self):
-                return torch.utils.data.DataLoader([batch] * 8, batch_size=None)
-
-        return pl, LM()
+def token_rows(batch):
+    return batch["tokens"] if "tokens" in batch else batch["input_ids"]
 
 
 @pytest.mark.parametrize("batch, layout", [
@@ -74,7 +52,7 @@ class DictBatchLM:
 ])
 def test_a_run_on_packed_or_padded_batches_says_its_tokens_count_padding(tmp_path, quiet_trainer_kwargs, caplog,
                                                                         batch, layout):
-    pl, module = DictBatchLM.make(batch)
+    pl, module = tiny_lm(data=[batch] * 8, batch_size=None, vocab_size=128, tokens=token_rows)
     callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=2, warmup_steps=1,
                                   micro_batch_size=1, seq_length=16,
                                   model_spec={"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2,

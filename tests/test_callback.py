@@ -1,7 +1,6 @@
 """The callback inside real Lightning Trainers (one process; multi-rank runs are in test_distributed)."""
 
 import csv
-import importlib
 import json
 import time
 
@@ -9,6 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_gpt_cfg
+from lightning_modules import tiny_lm
 from nemo_throughput import SCHEMA, ThroughputCallback
 from nemo_throughput.demo.gpt import DemoGPT
 
@@ -68,29 +68,6 @@ def test_completed_run_summary_reads_shape_and_batch_from_the_nemo_style_config(
     assert all(len(s["ranks"]) == 1 and s["ranks"][0]["step_s"] == s["step_time_s"] for s in steps)
 
 
-def plain_lm(namespace="pytorch_lightning"):
-    """A LightningModule with no NeMo-style config: its shape must come from the callback's arguments."""
-    pl = importlib.import_module(namespace)
-
-    class PlainLM(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.embedding = torch.nn.Embedding(64, 16)
-            self.head = torch.nn.Linear(16, 64)
-
-        def training_step(self, batch, batch_idx):
-            return torch.nn.functional.cross_entropy(self.head(self.embedding(batch[:, :-1])).flatten(0, 1),
-                                                     batch[:, 1:].flatten())
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader(torch.randint(64, (64, 9)), batch_size=2)
-
-    return pl, PlainLM()
-
-
 def test_megatron_style_one_training_step_is_one_global_batch(tmp_path, quiet_trainer_kwargs):
     """Under NeMo's Megatron strategy Lightning sees one training_step per global batch (it runs
     the micro-batches itself), so the batch comes from the config, not from Lightning's counters."""
@@ -103,7 +80,7 @@ def test_megatron_style_one_training_step_is_one_global_batch(tmp_path, quiet_tr
 
 @pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
 def test_works_in_either_lightning_namespace_with_explicit_settings(namespace, tmp_path, quiet_trainer_kwargs):
-    pl, model = plain_lm(namespace)
+    pl, model = tiny_lm(namespace)
     callback = ThroughputCallback(
         model_spec={"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 64},
         seq_length=8, micro_batch_size=2, log_every_n_steps=3, warmup_steps=1, model_name="tiny",
@@ -156,7 +133,7 @@ def test_bad_settings_fail_at_construction_with_the_fix(settings, message):
 
 
 def test_missing_model_shape_names_the_arguments_to_pass(tmp_path, quiet_trainer_kwargs):
-    pl, model = plain_lm()
+    pl, model = tiny_lm()
     callback = ThroughputCallback(model_spec={"num_layers": 1}, micro_batch_size=2)
     trainer = pl.Trainer(max_steps=2, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
     with pytest.raises(ValueError, match=r"cannot tell the model shape: missing \['hidden_size', "
@@ -208,7 +185,7 @@ def test_reads_a_megatron_core_transformer_config_and_the_data_module(tmp_path, 
         def train_dataloader(self):
             return torch.utils.data.DataLoader(torch.randint(64, (64, 9)), batch_size=2)
 
-    _, model = plain_lm("lightning.pytorch")
+    _, model = tiny_lm("lightning.pytorch")
     model.config = TransformerConfig(num_layers=3, hidden_size=64, num_attention_heads=8, num_query_groups=2,
                                      ffn_hidden_size=96, gated_linear_unit=True, tensor_model_parallel_size=1)
     # TransformerConfig has no vocabulary: the one field left to give
@@ -238,7 +215,7 @@ def test_a_model_the_formulas_cannot_describe_needs_its_flops_given(tmp_path, qu
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     def fit(**settings):
-        _, model = plain_lm("lightning.pytorch")
+        _, model = tiny_lm("lightning.pytorch")
         model.config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=8, ffn_hidden_size=96)
         for name, value in feature.items():
             setattr(model.config, name, value)
@@ -306,7 +283,7 @@ def test_the_hydra_factory_fails_the_trainer_on_settings_the_job_callback_did_no
 
 # ---------------------------------------------------------------------- flops_per_sample given by the user
 def test_flops_per_sample_given_is_used_and_recorded_as_user(tmp_path, quiet_trainer_kwargs):
-    pl, model = plain_lm()
+    pl, model = tiny_lm()
     callback = ThroughputCallback(flops_per_sample=1.5e6, seq_length=8, micro_batch_size=2, model_name="tiny",
                                   peak_tflops=0.5, output_dir=str(tmp_path), warmup_steps=1, log_every_n_steps=2)
     trainer = pl.Trainer(max_steps=4, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
@@ -329,7 +306,7 @@ def test_flops_per_sample_given_with_a_known_shape_keeps_the_shape_but_not_its_f
 
 
 def test_flops_per_sample_still_needs_the_sequence_length_and_a_model_name(tmp_path, quiet_trainer_kwargs):
-    pl, model = plain_lm()
+    pl, model = tiny_lm()
     trainer = pl.Trainer(max_steps=2, logger=False, **quiet_trainer_kwargs,
                          callbacks=[ThroughputCallback(flops_per_sample=1e6, micro_batch_size=2, model_name="x",
                                                        rate="tokens")])  # (auto: samples/s without a seq_length)

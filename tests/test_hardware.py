@@ -107,7 +107,11 @@ def test_every_row_says_where_its_figures_come_from():
 
 
 @pytest.mark.parametrize("driver_name, part, peaks", [
-    # names as drivers report them (public logs): Blackwell Ultra, China-market Hopper, MI350 series, RTX PRO
+    # names as drivers report them in public logs: "NVIDIA B300 SXM6 AC" (NVIDIA/cosmos-framework PR #114,
+    # allenai/OLMo-core PR #817), "NVIDIA GB300" (nvidia-smi -L output in public issues), "NVIDIA H20-3e" and
+    # "NVIDIA H800" (collect_env output in public issues), "AMD Instinct MI355X" / "MI350X" (PyTorch trace
+    # device_properties, amd-smi market_name), "AMD Instinct MI325 OAM" (a public GPU-name mapping),
+    # "NVIDIA RTX PRO 6000 Blackwell ... Edition" (nvidia-smi --query output)
     ("NVIDIA B300 SXM6 AC", "B300", {"fp4": 13500.0, "fp8": 4500.0, "bf16": 2250.0}),
     ("NVIDIA GB300", "GB300", {"fp4": 15000.0, "fp8": 5000.0, "bf16": 2500.0}),  # not B300
     ("NVIDIA B200", "B200", {"fp4": 9000.0, "fp8": 4500.0}),

@@ -6,8 +6,8 @@ import json
 import logging
 
 import numpy as np
-import torch
 
+from lightning_modules import tiny_lm
 from nemo_throughput import ThroughputCallback
 from nemo_throughput.batches import batch_layout
 
@@ -41,26 +41,9 @@ def test_nemo_packed_batches_are_named_packed(tmp_path):
 
 
 def test_a_run_on_nemo_packed_batches_says_its_tokens_count_padding(tmp_path, caplog):
-    import lightning.pytorch as pl
-
     batches = nemo_packed_batches(tmp_path)
-
-    class PackedLM(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.embedding = torch.nn.Embedding(128, 16)
-            self.head = torch.nn.Linear(16, 128)
-
-        def training_step(self, batch, batch_idx):
-            logits = self.head(self.embedding(batch["tokens"]))
-            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader(batches * 4, batch_size=None)
-
+    pl, module = tiny_lm("lightning.pytorch", data=batches * 4, batch_size=None, vocab_size=128,
+                         tokens=lambda batch: batch["tokens"])
     callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=2, warmup_steps=1,
                                   micro_batch_size=1, seq_length=PACK,
                                   model_spec={"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
@@ -68,7 +51,7 @@ def test_a_run_on_nemo_packed_batches_says_its_tokens_count_padding(tmp_path, ca
     with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
         pl.Trainer(max_steps=4, callbacks=[callback], logger=False, accelerator="cpu", devices=1,
                    default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
-                   enable_checkpointing=False).fit(PackedLM())
+                   enable_checkpointing=False).fit(module)
     summary = json.loads(open(callback.summary_path).read())
     assert summary["batch"]["layout"] == "packed" and summary["batch"]["token_count"] == "config"
     assert summary["batch"]["tokens_per_step"] == PACK
