@@ -29,13 +29,16 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
                       parallel: Mapping[str, int], global_batch_size: int | None, micro_batch_size: int | None,
                       batches_per_step: int, world_size: int, num_nodes: int, device: torch.device,
                       framework_dtype: str | None, rank_records: list[dict[str, Any]] | None = None,
-                      formula_gaps: Sequence[str] = (), high_precision_layers: int | None = None) -> RunFacts:
+                      formula_gaps: Sequence[str] = (), high_precision_layers: int | None = None,
+                      batch_layout: str | None = None) -> RunFacts:
     """Resolve model shape, batch and hardware: explicit settings first, then what the framework's
     config says (``spec_fields``: ModelSpec fields; ``parallel``: tensor/pipeline/context/...
     sizes; ``batches_per_step``: micro-batches per optimizer step on one rank, used only when the
     global batch size is not known). ``rank_records``: every rank's :func:`environment.rank_record`.
     ``formula_gaps``: what the model has that the formulas cannot describe (:func:`flops.formula_gaps`).
-    ``high_precision_layers``: layers an fp8/fp4 run keeps in bf16, where the framework's config says."""
+    ``high_precision_layers``: layers an fp8/fp4 run keeps in bf16, where the framework's config says.
+    ``batch_layout``: what the framework's data config says of the batches (batches.PACKED or None),
+    until a readable batch says otherwise; kept for token runs only."""
     rank_records = rank_records or [environment.rank_record()]
     shape = _shape_fields(config, spec_fields)
     spec = _model_spec(config, shape, source)
@@ -90,6 +93,7 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
         peak_tflops=peak,
         peak_source=peak_source,
         precision_mix=precision_mix(dtype, high_precision_layers),
+        batch_layout=batch_layout if shape.get("seq_length") else None,
         parallel={"data": data_parallel, "tensor": 1, "pipeline": 1, "context": 1, **parallel},
         environment={**environment.capture(rank_records), "model_config_source": source},
         places=environment.places(rank_records),

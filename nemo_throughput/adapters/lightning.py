@@ -153,14 +153,11 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,
     """Resolve model shape, batch and hardware: explicit settings first, then the model's config.
     ``rank_records``: every rank's :func:`environment.rank_record` (default: this rank's alone)."""
     module = read_module(pl_module, getattr(trainer, "datamodule", None))
-    facts = resolve_run_facts(
+    return resolve_run_facts(
         config, spec_fields=module.spec_fields, source=module.source, parallel=module.parallel,
         global_batch_size=module.global_batch_size, micro_batch_size=module.micro_batch_size,
         batches_per_step=trainer.accumulate_grad_batches, world_size=trainer.world_size,
         num_nodes=trainer.num_nodes, device=trainer.strategy.root_device,
         framework_dtype=dtype_for_precision(trainer.precision, low_precision=module.low_precision),
         rank_records=rank_records, formula_gaps=module.formula_gaps,
-        high_precision_layers=module.high_precision_layers)
-    if facts.seq_length is not None:  # the config's word, until a readable batch says otherwise
-        facts.batch_layout = module.batch_layout
-    return facts
+        high_precision_layers=module.high_precision_layers, batch_layout=module.batch_layout)

@@ -120,16 +120,13 @@ def describe_bridge_run(config: ThroughputConfig, cfg: Any, device: torch.device
     model = cfg.model
     parallel = parallel_sizes(model)
     hosts = {record["node"] for record in rank_records}
-    facts = resolve_run_facts(
+    return resolve_run_facts(
         config, spec_fields=model_spec_fields(model, _dataset_seq_length(cfg)), source=CONFIG_SOURCE,
         parallel=parallel, global_batch_size=getattr(cfg.train, "global_batch_size", None),
         micro_batch_size=getattr(cfg.train, "micro_batch_size", None), batches_per_step=1,
         world_size=len(rank_records), num_nodes=len(hosts), device=device,
         framework_dtype=bridge_dtype(cfg), rank_records=rank_records, formula_gaps=formula_gaps(model),
-        high_precision_layers=high_precision_layers(model))
-    if facts.seq_length is not None:
-        facts.batch_layout = bridge_batch_layout(cfg)
-    return facts
+        high_precision_layers=high_precision_layers(model), batch_layout=bridge_batch_layout(cfg))
 
 
 def bridge_batch_layout(cfg: Any) -> str | None:
