@@ -2,7 +2,9 @@
 emulated node, all in a private directory, as root, without systemd or cgroups (docs/contributing/testing.md).
 
 Nodes share NodeAddr 127.0.0.1 on distinct ports; their names resolve through /etc/hosts. Each
-node has fake GPUs (character devices like /dev/null) so that `--gpus-per-node` is real GRES.
+node has fake GPUs (character devices like /dev/null) so that `--gpus-per-node` is real GRES. A
+requeued job starts again within seconds: Slurm holds it until its credentials expire (here 5 s,
+not 120) and schedules it at the scheduler's next pass (every 2 s, not 60).
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ ClusterName=nemo-throughput-test
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={free_port()}
 AuthType=auth/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire=5
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={self.root / 'state'}
@@ -148,6 +150,7 @@ ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 {nodes}
 PartitionName=batch Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINITE State=UP
 """)
