@@ -1,17 +1,26 @@
-"""What a training batch looks like, read from its keys, shapes and dtypes only (never its values:
-that would wait for the device). Tokens per step are counted from the config (global batch x
-sequence length); for packed or padded batches that count includes padding, and the run says so."""
+"""What a training batch looks like, and what it holds.
+
+:func:`batch_layout` reads a batch's keys and shapes only. :class:`TokenCounter` counts packed and
+padded batches' real tokens and sum over sequences of length squared on the device, where the
+batch is, and hands each step's counts to the host behind the step's own end mark: no step waits
+for the device to count (docs/measurement.md, "Packed and padded batches")."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 FIXED, PACKED, PADDED = "fixed", "packed", "padded"
 # NeMo 2's packed-sequence batches carry cu_seqlens (-1 padded); Megatron-Bridge's and Transformer
 # Engine's cu_seqlens_q / cu_seqlens_kv.
 PACKED_KEYS = ("cu_seqlens", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_unpadded")
 TOKEN_KEYS = ("input_ids", "tokens")
+# Where a packed batch's sequence lengths are read, first present first: NeMo's unpadded boundaries
+# leave out each sequence's padding (its cu_seqlens count the pack's tail padding as a sequence).
+LENGTH_KEYS = ("cu_seqlens_unpadded", "cu_seqlens", "cu_seqlens_q")
+MASK_KEY = "attention_mask"
 
 
 def batch_layout(batch: Any) -> str | None:
@@ -37,3 +46,93 @@ def batch_layout(batch: Any) -> str | None:
 def _shape(value: Any) -> tuple[int, ...] | None:
     shape = getattr(value, "shape", None)
     return tuple(shape) if shape is not None and not callable(shape) else None
+
+
+Count = int | torch.Tensor  # a Python int, or a scalar tensor on the batch's device
+
+
+class StepCounts:
+    """One step's counts on one rank (:data:`~nemo_throughput.timing.BATCH_COUNTS`; None: not
+    counted). Device values are copied to the host when the step ends, without waiting; :meth:`read`
+    is called once the step's end mark completed (the copy was enqueued before it)."""
+
+    def __init__(self, counts: tuple[Count | None, ...]) -> None:
+        on_device = [value for value in counts if isinstance(value, torch.Tensor)]
+        self._counts, self._host = counts, None
+        if on_device:
+            values = torch.stack(on_device)
+            pinned = values.device.type == "cuda"
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=pinned)
+            self._host.copy_(values, non_blocking=pinned)
+
+    def read(self) -> tuple[float | None, ...]:
+        copied = iter(self._host.tolist() if self._host is not None else ())
+        return tuple(None if value is None else float(next(copied) if isinstance(value, torch.Tensor) else value)
+                     for value in self._counts)
+
+
+class TokenCounter:
+    """Counts each step's real tokens, token slots (padding included) and sum over sequences of
+    length squared (the attention FLOPs' term) from its micro-batches: a packed batch's lengths from
+    its cumulative sequence lengths (-1 padding ignored), a padded batch's from its attention mask's
+    rows. Slots come from shapes, on the host; the rest is a few device operations per micro-batch,
+    kept on the device until the step ends.
+
+    ``unreadable`` says why, once a batch of a packed or padded run could not be counted; no step
+    is counted from then on (a step counted in part would be silently wrong)."""
+
+    def __init__(self) -> None:
+        self.unreadable: str | None = None
+        self.source: str | None = None  # where the counts come from (a batch key, or a framework's accumulators)
+        self._step: list[Count | None] | None = None  # [tokens, slots, seqlen_sq] of the step so far
+
+    def add_batch(self, batch: Any) -> None:
+        """One micro-batch of the step in progress (a packed or padded one)."""
+        if self.unreadable is not None:
+            return
+        counted = _count(batch)
+        if isinstance(counted, str):
+            self.unreadable, self._step = counted, None
+            return
+        self.source, (lengths, slots) = counted
+        self._add((lengths.sum(), slots, (lengths * lengths).sum()))
+
+    def add_counts(self, slots: Count, seqlen_sq: Count, source: str) -> None:
+        """A framework's own counts of the step (Megatron-Bridge's FLOPs accumulators): token slots
+        and sum of squared lengths; real tokens unknown."""
+        self.source = source
+        self._add((None, slots, seqlen_sq))
+
+    def _add(self, counts: tuple[Count | None, ...]) -> None:
+        if self._step is None:
+            self._step = list(counts)
+            return
+        self._step = [None if a is None or b is None else a + b for a, b in zip(self._step, counts, strict=True)]
+
+    def step_done(self) -> StepCounts | None:
+        """The step ended: its counts (None when nothing was counted), the copy to the host enqueued."""
+        counted, self._step = self._step, None
+        return StepCounts(tuple(counted)) if counted is not None and self.unreadable is None else None
+
+
+def _count(batch: Any) -> tuple[str, tuple[torch.Tensor, int]] | str:
+    """(source, (sequence lengths on the device, token slots)) of a packed or padded micro-batch,
+    or why they cannot be read."""
+    if not isinstance(batch, Mapping):
+        return f"a micro-batch is a {type(batch).__name__}, not a mapping of named tensors"
+    key = next((key for key in LENGTH_KEYS if key in batch), None)
+    values = batch.get(key) if key is not None else batch.get(MASK_KEY)
+    tokens = next((batch[name] for name in TOKEN_KEYS if name in batch), values if key is None else None)
+    if not isinstance(values, torch.Tensor) or values.is_floating_point() and key is not None:
+        return f"{key or MASK_KEY} is {type(values).__name__}, not an integer tensor"
+    if _shape(tokens) is None:
+        return f"{key} came without the token rows ({' or '.join(TOKEN_KEYS)}) that give the slots"
+    slots = 1
+    for size in _shape(tokens):
+        slots *= size
+    if key is not None:  # cumulative boundaries per row, -1 after the last
+        bounds = values.to(torch.int64)
+        return key, ((bounds[..., 1:] - bounds[..., :-1]).clamp(min=0), slots)
+    if values.dim() != 2:
+        return f"{MASK_KEY} has {values.dim()} dimensions, not [rows, tokens]"
+    return MASK_KEY, ((values != 0).sum(dim=1, dtype=torch.int64), slots)

@@ -179,9 +179,18 @@ class ModelSpec:
 
 def model_flops_per_sample(spec: ModelSpec, formula: str = "megatron") -> float:
     """Training FLOPs (forward + backward) for one sample of ``spec.seq_length`` tokens."""
+    per_token, per_token_pair = flops_terms(spec, formula)
+    s = spec.seq_length
+    return float(s * per_token + s * s * per_token_pair)
+
+
+def flops_terms(spec: ModelSpec, formula: str = "megatron") -> tuple[float, float]:
+    """Training FLOPs of a sequence of s tokens as ``per_token * s + per_token_pair * s**2``: the
+    GEMMs, which run on every token slot (padding too), and attention's s x s scores. A packed
+    batch computes ``per_token * slots + per_token_pair * sum(s_i**2)`` over its sequences."""
     if formula not in FORMULAS:
         raise ValueError(f"Unknown FLOPs formula {formula!r}; choose one of {list(FORMULAS)}.")
-    s, h = spec.seq_length, spec.hidden_size
+    h = spec.hidden_size
     query = spec.head_dim * spec.num_attention_heads  # query projection width
     key_value = spec.head_dim * spec.groups  # each of K and V
     glu = 3 if spec.gated_linear_unit else 2  # GEMMs per MLP, counted in units of h x ffn
@@ -191,15 +200,15 @@ def model_flops_per_sample(spec: ModelSpec, formula: str = "megatron") -> float:
     routed_ffn = (spec.moe_ffn_hidden_size or spec.ffn) * spec.moe_router_topk
     shared_ffn = spec.moe_shared_expert_intermediate_size or 0
 
-    per_token_gemm = _TRAIN_PASSES * _FMA * (
+    per_token = _TRAIN_PASSES * _FMA * (
         h * glu * (spec.ffn * dense_layers + (routed_ffn + shared_ffn) * moe_layers)
         + spec.num_layers * (h * (query + 2 * key_value) + query * h)  # QKV + output projection
         + h * spec.vocab_size  # logits
     )
     # QK^T and softmax(QK^T)V: 2 GEMMs of s x s x query per layer; causal masking halves them.
     causal = 0.5 if formula == "megatron" else 1.0
-    per_token_attention = _TRAIN_PASSES * _FMA * 2 * query * s * causal * spec.num_layers
-    return float(s * (per_token_gemm + per_token_attention))
+    per_token_pair = _TRAIN_PASSES * _FMA * 2 * query * causal * spec.num_layers
+    return float(per_token), float(per_token_pair)
 
 
 _OPTIONAL_INTS = ("ffn_hidden_size", "num_query_groups", "kv_channels", "num_moe_experts", "moe_ffn_hidden_size",

@@ -25,6 +25,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,10 +34,24 @@ import torch.distributed as dist
 from nemo_throughput import environment
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered, RunStats
 from nemo_throughput.background import OrderedWorker
-from nemo_throughput.batches import PACKED, PADDED
+from nemo_throughput.batches import PACKED, PADDED, Count, TokenCounter
 from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
-from nemo_throughput.flops import MEASURED
+from nemo_throughput.flops import FORMULAS, MEASURED, flops_terms
+from nemo_throughput.goodput import (
+    CHECKPOINT,
+    DATA,
+    RUN_FILE,
+    STEP,
+    VALIDATION,
+    Ledger,
+    Segment,
+    previous_segment,
+    read_ledger,
+    run_segments,
+    scheduler_key,
+    stitch,
+)
 from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
 from nemo_throughput.progress import format_interval, step_rows
 from nemo_throughput.run_facts import claim_output_dir_on_rank_zero, mfu_above_peak_warning
@@ -51,7 +66,8 @@ from nemo_throughput.summary import (
 )
 from nemo_throughput.target import MLPerfLog, Target, TimeToTarget
 from nemo_throughput.text import printable
-from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, clock_for
+from nemo_throughput.throughput import CountedStep, Workload
+from nemo_throughput.timing import BACKWARD, BATCH_COUNTS, OPTIMIZER, START, StepTimer, clock_for
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +99,10 @@ class Measurement:
         self._reporter: OrderedWorker | None = None  # made at train start (a callback may be pickled before)
         self._to_log: deque[tuple[dict[str, float], int]] = deque()  # the reporter's, for the loggers
         self._flop_counter: StepFlopCounter | None = None  # flops_formula measured, until the first step ends
+        self._token_counter: TokenCounter | None = None  # packed or padded batches: counted
+        self._ledger: Ledger | None = None  # rank 0: this segment's goodput ledger
+        self._goodput_root: str | None = None  # where the run's segments claim their directories
+        self._goodput_run: tuple[str, list[Segment]] | None = None  # (run id, earlier segments), from train start
         self.time_to_target: TimeToTarget | None = None  # target set: the run clock
         self._mllog: MLPerfLog | None = None  # mllog on, rank 0
         self._last_step = 0
@@ -123,6 +143,8 @@ class Measurement:
         requested = self.config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR) or requested_dir
         # Checked now, not when the summary is first written at the end of hours of training.
         self.output_dir, facts.run_id = claim_output_dir_on_rank_zero(rank, requested, facts)
+        if rank == 0:
+            self._goodput_root, self._ledger = requested, Ledger(self.output_dir)
         if self.config.per_step_jsonl:
             facts.steps_jsonl = {"path": STEPS_FILE, "complete": True, "error": None}
         self.facts = facts
@@ -155,11 +177,30 @@ class Measurement:
             self._summary_file = SummaryFile(self.summary_path)
         if self.facts.flops_formula == MEASURED and self.facts.flops_per_sample is None:
             self._flop_counter = StepFlopCounter()
+        self._start_goodput(steps_done)
         self._update_summary()
         if self._reporter is not None:
             self._reporter.close()
         self._reporter = OrderedWorker("nemo-throughput-report")
         self._timer.anchor()
+
+    def _start_goodput(self, steps_done: int) -> None:
+        """Rank 0: start-up is over; this segment continues an earlier one of the run, or starts one."""
+        if self._ledger is None:
+            return
+        key, restarts = scheduler_key()
+        previous = previous_segment(self._goodput_root, self.output_dir, key, restarts, steps_done)
+        if previous is not None:
+            self._goodput_root = previous.identity["root"]
+        run_id = previous.run_id if previous is not None else self.facts.run_id
+        earlier = run_segments(self._goodput_root, run_id) if previous is not None else []
+        self._goodput_run = run_id, earlier
+        self._ledger.start_training(steps_done, {
+            "run_id": run_id, "segment_run_id": self.facts.run_id, "segment": len(earlier) + 1,
+            "scheduler_key": key, "restart_count": restarts, "root": os.path.abspath(self._goodput_root)})
+        if previous is not None:
+            log.info("nemo-throughput: this run continues run %s (segment %d, resumed at step %d; the last "
+                     "segment reached step %d)", run_id, len(earlier) + 1, steps_done, previous.last_step)
 
     def watch_sigterm(self) -> None:
         """Install the SIGTERM watch (once): call it after the framework installed its own handler."""
@@ -173,23 +214,49 @@ class Measurement:
     def batch_seen(self, layout: str | None) -> None:
         """The first training batch's layout (batches.batch_layout), told once by an adapter that sees it;
         None (no readable batch) keeps what the framework's config said (NeMo 2's packed data module).
-        Packed or padded batches make the config's tokens per step count padding: the summary and a
-        warning say so rather than let the rate pass for real tokens."""
+        Packed or padded batches are counted from then on (:meth:`count_batch`); where only the config
+        says so, the config's tokens per step count padding: the summary and a warning say so."""
         if self.facts is None or self.facts.seq_length is None:  # samples that are not token sequences
             return
-        layout = layout or self.facts.batch_layout
-        self.facts.batch_layout = layout
-        if layout in (PACKED, PADDED) and self.rank == 0:
-            log.warning("nemo-throughput: the training batches are %s; tokens/s, TFLOPS and MFU count global "
-                        "batch x seq_length = %s tokens per step, padding included, and attention as if every "
-                        "sample were seq_length long: read them as an upper bound (batch.layout: %s in the summary).",
-                        "packed (cu_seqlens: several sequences per row)" if layout == PACKED else
-                        "padded (a 2-D attention mask)", f"{self.facts.workload.tokens_per_step:,}", layout)
+        if layout in (PACKED, PADDED):
+            self.facts.batch_layout = layout
+            self._token_counter = TokenCounter()
+        elif layout is None and self.facts.batch_layout in (PACKED, PADDED) and self._token_counter is None:
+            self.not_counted(f"the {self.facts.batch_layout} layout comes from the data config, and the framework "
+                              "hands the training hooks no batch to count")
+        else:
+            self.facts.batch_layout = layout or self.facts.batch_layout
+
+    def count_batch(self, batch: Any) -> None:
+        """A micro-batch of the step in progress, counted where the run's batches are packed or padded."""
+        counter = self._token_counter
+        if counter is not None and counter.unreadable is None:
+            counter.add_batch(batch)
+            if counter.unreadable is not None:
+                self.not_counted(counter.unreadable)
+
+    def count_accumulated(self, slots: Count, seqlen_sq: Count, source: str) -> None:
+        """A framework's own counts of the step in progress (token slots, sum of squared sequence
+        lengths; ints or device tensors), where it keeps them (Megatron-Bridge's FLOPs accumulators)."""
+        if self._timer is not None:
+            self._token_counter = self._token_counter or TokenCounter()
+            self._token_counter.add_counts(slots, seqlen_sq, source)
+
+    def not_counted(self, why: str) -> None:
+        """The run's batches are packed or padded, but cannot be counted: ``why``, in words."""
+        self.facts.batch_uncounted = why
+        if self.rank == 0:
+            log.warning("nemo-throughput: the training batches are %s, but %s: tokens/s, TFLOPS and MFU count global "
+                        "batch x seq_length = %s tokens per step, padding included, and attention as if every sample "
+                        "were seq_length long. Read them as an upper bound (batch.uncounted in the summary).",
+                        self.facts.batch_layout, why, f"{self.facts.workload.tokens_per_step:,}")
 
     def step_start(self, steps_done: int) -> None:
         """A micro-batch (or the whole step, where the framework has no finer event) starts."""
         if self._timer is not None:
             self._timer.mark(START)
+            if self._ledger is not None:
+                self._ledger.switch(STEP)
             if self._flop_counter is not None:
                 self._count_flops_from_here(steps_done)
             window = self._explain.window
@@ -215,12 +282,17 @@ class Measurement:
         any other, left out of the statistics and counted; every rank skips the same iterations
         (the decision is reduced across ranks). Returns None, or, where a target with ``stop: true``
         was checked, this rank's vote to stop (the adapter reduces it across ranks)."""
-        if self._timer is None or step == self._last_step:
+        if self._timer is None:
+            return None
+        if self._ledger is not None:
+            self._ledger.step_done(step)
+        if step == self._last_step:
             return None
         self._last_step = step
         if skipped:
             self.stats.skip(step)
-        self._timer.end_step(step)
+        counts = self._token_counter.step_done() if self._token_counter is not None else None
+        self._timer.end_step(step, counts)
         if self._flop_counter is not None and self._flop_counter.counting:
             self._take_measured_flops()
         window = self._explain.window
@@ -287,10 +359,31 @@ class Measurement:
             self._flop_counter.abandon()
             self._flop_counter = None
 
+    def validation_start(self) -> None:
+        """A validation inside training starts (its time goes to the goodput ledger's validation)."""
+        if self._timer is not None and self._ledger is not None:
+            self._ledger.switch(VALIDATION)
+
+    def checkpoint_saving(self, steps_done: int) -> None:
+        """A checkpoint of ``steps_done`` steps is being saved (Lightning's ``on_save_checkpoint``): the
+        time until the next event is the save's."""
+        if self._timer is not None and self._ledger is not None:
+            self._ledger.switch(CHECKPOINT)
+            self._ledger.checkpoint(steps_done)
+
+    def checkpoint_saved(self, steps_done: int) -> None:
+        """A checkpoint of ``steps_done`` steps was saved (Megatron-Bridge's ``on_checkpoint_save``): the
+        time since the last event was the save's."""
+        if self._timer is not None and self._ledger is not None:
+            self._ledger.charge(CHECKPOINT)
+            self._ledger.checkpoint(steps_done)
+
     def validation_end(self, steps_done: int, metrics: Callable[[], Mapping[str, Any]] | None = None) -> bool | None:
         """A validation inside training ended: its time is no step's. Returns a stop vote as step_end does."""
         if self._timer is None:
             return None
+        if self._ledger is not None:
+            self._ledger.switch(DATA)
         vote = self._check_target(metrics, steps_done, after_validation=True)
         self._timer.anchor()  # validation time is not part of the next training step
         return vote
@@ -415,7 +508,7 @@ class Measurement:
             self._explain.absorb(extras, measured=self.stats.is_measured(sampled_at))
         if interval is None or self.rank != 0:
             return
-        metrics = self.facts.workload.metrics(interval.step_time_s)
+        metrics = self._workload().metrics(interval.step_time_s)
         log.info(format_interval(interval, metrics))
         if metrics["mfu_above_peak"] is not None and not self._warned_above_peak:
             self._warned_above_peak = True
@@ -441,6 +534,8 @@ class Measurement:
 
     def _finish(self, status: str, error: str | None, missing: str | None) -> None:
         """The final summary (rank 0); other ranks keep theirs only while rank 0 may lack their steps."""
+        if self._ledger is not None:
+            self._ledger.switch(DATA)  # the segment's last event: its end
         summary = self._with_end(self._summary(status, error, final=True), missing)
         with self._write_lock or contextlib.nullcontext():
             self._done = True
@@ -457,6 +552,9 @@ class Measurement:
             self._sigterm.uninstall()
             self._sigterm = None
         self._reporter.close()  # drained before the final exchange: its thread ends now
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
 
     def _write_at_sigterm(self) -> None:
         """On the SIGTERM watch's thread: the last summary the training thread built (a consistent
@@ -488,9 +586,52 @@ class Measurement:
             return False
 
     def _summary(self, status: str, error: str | None = None, final: bool = False) -> dict[str, Any]:
-        explained = self._explain.sections(self.facts.workload.tokens_per_step, final=final and self.rank == 0)
+        workload = self._workload()
+        explained = self._explain.sections(workload.step_tokens, final=final and self.rank == 0)
         clock = self.time_to_target.section() if self.time_to_target is not None else None
-        return build_summary(self.facts, self.stats, status, error, explained, time_to_target=clock)
+        return build_summary(self.facts, self.stats, status, error, explained, time_to_target=clock,
+                             counted=workload.counted, goodput=self._goodput())
+
+    def _goodput(self) -> dict[str, Any] | None:
+        """Rank 0: the run's goodput so far, from its earlier segments' ledgers and this one's, also
+        written to the run's goodput.json (in its first segment's directory)."""
+        if self._ledger is None or self._goodput_run is None:
+            return None
+        run_id, earlier = self._goodput_run
+        own = read_ledger(self._ledger.path)
+        if own is None:
+            return None
+        goodput = stitch([*earlier, own])
+        path = os.path.join((earlier[0].directory if earlier else self.output_dir), RUN_FILE)
+        try:
+            write_json_atomic(path, goodput, durable=False)
+        except (OSError, ValueError) as error:  # the summary still holds it
+            log.warning("nemo-throughput: could not write %s: %s", printable(path), error)
+        return {"file": os.path.relpath(path, self.output_dir), "segment": len(earlier) + 1,
+                **{key: value for key, value in goodput.items() if key != "schema"}}
+
+    def _workload(self) -> Workload:
+        """The facts' workload, with the steps' counted batches where they were counted."""
+        counted = self._counted_step()
+        return replace(self.facts.workload, counted=counted) if counted is not None else self.facts.workload
+
+    def _counted_step(self) -> CountedStep | None:
+        """The mean measured step's counts over all replicas (each rank counts its own batches; ranks
+        of one data-parallel replica count the same ones, or nothing), or None where not counted."""
+        counter = self._token_counter
+        if counter is None or counter.unreadable is not None or self.facts.batch_uncounted is not None:
+            return None
+        per_rank = {name: self.stats.counted_per_step(name) for name in BATCH_COUNTS}
+        if per_rank["slots"] is None or per_rank["seqlen_sq"] is None:
+            return None
+        replicas = self.facts.parallel.get("data") or self.facts.num_gpus
+        tokens, slots, seqlen_sq = (None if means is None else sum(means) / len(means) * replicas
+                                    for means in per_rank.values())
+        flops = None
+        if self.facts.model_spec is not None and self.facts.flops_formula in FORMULAS:
+            per_token, per_token_pair = flops_terms(self.facts.model_spec, self.facts.flops_formula)
+            flops = per_token * slots + per_token_pair * seqlen_sq
+        return CountedStep(tokens, slots, seqlen_sq, flops, counter.source)
 
     def _with_end(self, summary: dict[str, Any], missing: str | None) -> dict[str, Any]:
         """Add how the run ended: which rank wrote it, the signal, what the summary lacks."""

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_throughput.timing import PHASE_TIMES, StepTimes
+from nemo_throughput.timing import StepTimes
 
-COLUMNS = ("step", *StepTimes.VALUES)  # step number, step_s, then the phases (NaN: not observed)
-_TOTALS = ("step_s", *PHASE_TIMES, "local_s")  # local = data + forward
+COLUMNS = ("step", *StepTimes.VALUES)  # step number, step_s, the phases, the batch counts (NaN: not observed)
+_TOTALS = (*StepTimes.VALUES, "local_s")  # local = data + forward
 _DATA, _FORWARD = COLUMNS.index("data_s"), COLUMNS.index("forward_s")
 
 Rows = Sequence[Sequence[Sequence[float]]]  # [rank][step][COLUMNS]
@@ -188,6 +188,16 @@ class RunStats:
             self._means = [column if ok else None for column, ok in zip(means, complete, strict=True)]
             self._means_at = steps
         return self._means
+
+    def counted_per_step(self, name: str) -> list[float] | None:
+        """A batch count (timing.BATCH_COUNTS) per measured step, one mean for each rank that
+        counted it on every measured step; None unless every other rank counted it on none (ranks
+        with no batch, like middle pipeline stages, count nothing) and one rank counted it."""
+        column, steps = _TOTALS.index(name), len(self._sorted)
+        observed = [counts[column] for counts in self._counts]
+        if not steps or any(count not in (0, steps) for count in observed) or steps not in observed:
+            return None
+        return [sums[column] / steps for sums, count in zip(self._sums, observed, strict=True) if count]
 
     def straggler(self) -> dict[str, object] | None:
         """The slowest rank by the time it spends before its first collective (data + forward:

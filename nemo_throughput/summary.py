@@ -13,7 +13,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ from nemo_throughput.errors import NemoThroughputError
 from nemo_throughput.flops import CAUSAL_ATTENTION, FLOPS_FORMULAS, MEASURED, ModelSpec, require_positive_int
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID
 from nemo_throughput.text import printable
-from nemo_throughput.throughput import RATES, Workload
+from nemo_throughput.throughput import RATES, CountedStep, Workload
 from nemo_throughput.timing import PHASE_TIMES
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class RunFacts:
     peak_source: str | None  # "table:<part>", "user", or None when unknown
     precision_mix: dict[str, Any] | None = None  # an fp8/fp4 run: what its MFU is relative to (run_facts.precision_mix)
     batch_layout: str | None = None  # batches.batch_layout of the first training batch; None: not seen or not readable
+    batch_uncounted: str | None = None  # why packed or padded batches were not counted (batches.TokenCounter)
     parallel: dict[str, int] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     places: list[dict[str, Any]] = field(default_factory=list)  # per rank: rank, host, gpu_index
@@ -135,17 +136,21 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
                   explained: dict[str, Any] | None = None,
                   time_to_target: dict[str, Any] | None = None, *, log_timing: LogTiming | None = None,
                   result_rate: ResultRate | None = None,
-                  time_to_train: dict[str, Any] | None = None) -> dict[str, Any]:
+                  time_to_train: dict[str, Any] | None = None, counted: CountedStep | None = None,
+                  goodput: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary, every route's (callback, import); it conforms to schemas/summary-v1.json.
 
     ``explained`` adds the sections that explain the numbers (telemetry, communication, network,
     probe: see nemo_throughput.explain), each None when not collected; ``time_to_target``:
     TimeToTarget.section() when a target is set. What only an import knows: ``log_timing`` (an
-    imported log), ``result_rate`` and ``time_to_train`` (an imported MLPerf result).
+    imported log), ``result_rate`` and ``time_to_train`` (an imported MLPerf result). ``counted``: the
+    mean measured step as counted from packed or padded batches; ``goodput``: the run's goodput so
+    far (goodput.stitch), on rank 0 of a callback's run.
     """
     if status not in STATUSES:
         raise ValueError(f"Unknown status {status!r}; expected one of {STATUSES}")
-    throughput = {"primary": RATES[facts.rate], **facts.workload.metrics(stats.mean_step_time_s())}
+    workload = replace(facts.workload, counted=counted)
+    throughput = {"primary": RATES[facts.rate], **workload.metrics(stats.mean_step_time_s())}
     if result_rate is not None:
         throughput.update(samples_per_s=result_rate.samples_per_s, rate_source=result_rate.source)
     return {
@@ -168,13 +173,17 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
             "global_batch_size": facts.global_batch_size,
             "micro_batch_size": facts.micro_batch_size,
             "seq_length": facts.seq_length,
-            "tokens_per_step": facts.workload.tokens_per_step,
-            "token_count": "config" if facts.workload.tokens_per_step is not None else None,
+            "tokens_per_step": workload.tokens_per_step,
+            "token_count": _count_source(counted and counted.tokens, workload.tokens_per_step),
             "layout": facts.batch_layout,
+            "counted": _counted(counted),
+            "uncounted": facts.batch_uncounted,
         },
         "model": {
             "name": facts.model_name,
             "flops_per_sample": facts.flops_per_sample,
+            "flops_per_step": workload.step_flops,
+            "flops_count": _count_source(counted and counted.flops, workload.step_flops),
             "flops_formula": facts.flops_formula,
             "spec": facts.spec_dict,
             **({"measured_flops": facts.measured_flops} if facts.flops_formula == MEASURED else {}),
@@ -193,8 +202,22 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "environment": facts.environment,
         "settings": facts.settings,
         "files": {"steps_jsonl": dict(facts.steps_jsonl) if facts.steps_jsonl else None},
+        "goodput": goodput,
         **{name: None for name in EXPLAINED}, **(explained or {}),
     }
+
+
+def _count_source(counted: float | None, value: float | None) -> str | None:
+    """Where a per-step figure comes from: "batch" (counted), "config", or None (unknown)."""
+    return "batch" if counted is not None else "config" if value is not None else None
+
+
+def _counted(counted: CountedStep | None) -> dict[str, Any] | None:
+    """The batch section's mean measured step as its packed or padded batches held it."""
+    if counted is None:
+        return None
+    return {"source": counted.source, "tokens_per_step": counted.tokens, "slots_per_step": counted.slots,
+            "padding_share": counted.padding_share, "seqlen_sq_per_step": counted.seqlen_sq}
 
 
 def _timing(facts: RunFacts, stats: RunStats, log_timing: LogTiming | None) -> dict[str, Any]:

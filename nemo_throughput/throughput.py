@@ -7,24 +7,34 @@ from dataclasses import dataclass
 SECONDS_PER_DAY = 86_400
 ONE_TRILLION = 1e12
 RATES = {"tokens": "tokens_per_s", "samples": "samples_per_s"}  # the rate setting -> throughput.primary
-METRICS = ("tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "model_tflops_per_gpu", "mfu",
-           "mfu_above_peak", "days_to_train_1t_tokens")
+METRICS = ("tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_with_padding", "samples_per_s",
+           "model_tflops_per_gpu", "mfu", "mfu_above_peak", "days_to_train_1t_tokens")
 
 
-def mfu(
-    *,
-    global_batch_size: int,
-    flops_per_sample: float,
-    step_time_s: float,
-    num_gpus: int,
-    peak_tflops: float,
-) -> float:
+def mfu(*, flops_per_step: float, step_time_s: float, num_gpus: int, peak_tflops: float) -> float:
     """Model FLOPs utilisation as a fraction: achieved model FLOP/s per GPU over its peak."""
-    return global_batch_size * flops_per_sample / step_time_s / num_gpus / (peak_tflops * 1e12)
+    return flops_per_step / step_time_s / num_gpus / (peak_tflops * 1e12)
 
 
 def days_to_train(tokens: float, tokens_per_s: float) -> float:
     return tokens / tokens_per_s / SECONDS_PER_DAY
+
+
+@dataclass(frozen=True)
+class CountedStep:
+    """A mean measured step as its batches held it, over all data-parallel replicas (packed or
+    padded batches, counted on the device: batches.TokenCounter)."""
+
+    tokens: float | None  # real tokens; None where only the slots were counted (Megatron-Bridge's accumulators)
+    slots: float  # token slots, padding included
+    seqlen_sq: float  # sum over sequences of length squared: attention's term
+    flops: float | None  # model FLOPs computed (flops.flops_terms); None: the FLOPs convention has no such terms
+    source: str  # where the counts were read: a batch key, or the framework's accumulators
+
+    @property
+    def padding_share(self) -> float | None:
+        """Fraction of the slots that held padding."""
+        return 1.0 - self.tokens / self.slots if self.tokens is not None and self.slots else None
 
 
 @dataclass(frozen=True)
@@ -36,33 +46,45 @@ class Workload:
     num_gpus: int
     flops_per_sample: float | None = None
     peak_tflops: float | None = None
+    counted: CountedStep | None = None  # counted from the batches: replaces the config's tokens and FLOPs
 
     @property
     def tokens_per_step(self) -> int | None:
+        """Tokens per step from the config: global batch x sequence length (padding included)."""
         return self.global_batch_size * self.seq_length if self.seq_length else None
+
+    @property
+    def step_tokens(self) -> float | None:
+        """The tokens the rates count: the batches' real tokens where counted, else the config's."""
+        counted = self.counted.tokens if self.counted is not None else None
+        return counted if counted is not None else self.tokens_per_step
+
+    @property
+    def step_flops(self) -> float | None:
+        """Model FLOPs per step: the ones the batches' lengths computed where counted, else global
+        batch x FLOPs per sample."""
+        if self.counted is not None and self.counted.flops is not None:
+            return self.counted.flops
+        return self.global_batch_size * self.flops_per_sample if self.flops_per_sample is not None else None
 
     def metrics(self, step_time_s: float | None) -> dict[str, float | None]:
         """Throughput figures for a (global, slowest-rank) step time in seconds; None: no steps."""
         if not step_time_s:
             return dict.fromkeys(METRICS)
-        tokens_per_s = self.tokens_per_step / step_time_s if self.tokens_per_step else None
+        tokens_per_s = self.step_tokens / step_time_s if self.step_tokens else None
         tflops_per_gpu = None
         utilisation = None
-        if self.flops_per_sample is not None:
-            tflops_per_gpu = self.global_batch_size * self.flops_per_sample / step_time_s / self.num_gpus / 1e12
+        if self.step_flops is not None:
+            tflops_per_gpu = self.step_flops / step_time_s / self.num_gpus / 1e12
             if self.peak_tflops:
-                utilisation = mfu(
-                    global_batch_size=self.global_batch_size,
-                    flops_per_sample=self.flops_per_sample,
-                    step_time_s=step_time_s,
-                    num_gpus=self.num_gpus,
-                    peak_tflops=self.peak_tflops,
-                )
+                utilisation = mfu(flops_per_step=self.step_flops, step_time_s=step_time_s, num_gpus=self.num_gpus,
+                                  peak_tflops=self.peak_tflops)
         # Above 100 % the peak or the FLOPs model is wrong: no MFU is reported, the figure is kept as a flag.
         above_peak = utilisation if utilisation is not None and utilisation > 1 else None
         return {
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_gpu": tokens_per_s / self.num_gpus if tokens_per_s else None,
+            "tokens_per_s_with_padding": self.counted.slots / step_time_s if self.counted is not None else None,
             "samples_per_s": self.global_batch_size / step_time_s,
             "model_tflops_per_gpu": tflops_per_gpu,
             "mfu": None if above_peak else utilisation,

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 START, BACKWARD, OPTIMIZER = "start", "backward", "optimizer"  # marks inside a step
 PHASE_TIMES = ("data_s", "forward_s", "backward_s", "optimizer_s")  # durations between the marks
+# What one rank's micro-batches of a step held, where they were counted (batches.TokenCounter):
+# real tokens, token slots (padding included) and the sum over sequences of length squared.
+BATCH_COUNTS = ("tokens", "slots", "seqlen_sq")
 
 
 class Clock(Protocol):
@@ -88,7 +91,8 @@ def clock_for(device: torch.device) -> Clock:
 
 
 class StepTimes(NamedTuple):
-    """Durations of one optimizer step on one rank, in seconds (None: phase not observed).
+    """Durations of one optimizer step on one rank, in seconds (None: phase not observed), and
+    what its batches held where they were counted (:data:`BATCH_COUNTS`; None: not counted).
 
     A named tuple, immutable: made for every step on log steps, it costs a fifth of a frozen
     dataclass."""
@@ -99,8 +103,11 @@ class StepTimes(NamedTuple):
     forward_s: float | None = None
     backward_s: float | None = None
     optimizer_s: float | None = None
+    tokens: float | None = None
+    slots: float | None = None
+    seqlen_sq: float | None = None
 
-    VALUES = ("step_s", *PHASE_TIMES)
+    VALUES = ("step_s", *PHASE_TIMES, *BATCH_COUNTS)
 
     @property
     def local_s(self) -> float | None:
@@ -126,6 +133,7 @@ class _RecordedStep(NamedTuple):
     anchor: Any  # previous step's end, or a fresh anchor after validation
     end: Any
     marks: dict[str, Any]
+    counts: Any  # batches.StepCounts, read with the marks; None: not counted
 
 
 class StepTimer:
@@ -148,11 +156,13 @@ class StepTimer:
             return
         self._marks[name] = self.clock.mark()
 
-    def end_step(self, step: int) -> None:
+    def end_step(self, step: int, counts: Any = None) -> None:
+        """``counts``: the step's batch counts (batches.StepCounts), whose copy to the host was
+        enqueued before this end mark: complete when the mark is."""
         end = self.clock.mark()
         anchor = self._anchor if self._anchor is not None else self._marks.get(START)
         if anchor is not None:
-            self._pending.append(_RecordedStep(step, anchor, end, self._marks))
+            self._pending.append(_RecordedStep(step, anchor, end, self._marks, counts))
         self._anchor, self._marks = end, {}
 
     @property
@@ -185,4 +195,5 @@ class StepTimer:
             seconds(a, b) if a is not None and b is not None else None
             for a, b in itertools.pairwise(chain)
         ]
-        return StepTimes(s.step, seconds(s.anchor, s.end), *phases)
+        counts = s.counts.read() if s.counts is not None else ()
+        return StepTimes(s.step, seconds(s.anchor, s.end), *phases, *counts)

@@ -14,6 +14,7 @@ What the two count, and why they differ where they do, is in the README's FLOPs 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -26,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.batches import TokenCounter
+from nemo_throughput.flops import ModelSpec, flops_terms, model_flops_per_sample
 from nemo_throughput.megatron_config import padded_vocab_size
 
 
@@ -124,11 +126,16 @@ def _load_flop_utils_by_path() -> ModuleType:
     return module
 
 
+@functools.cache
+def bridge_flop_utils() -> ModuleType:
+    """Bridge's flop_utils module: imported, or loaded by path."""
+    return _import_flop_utils_as_is() or _load_flop_utils_by_path()
+
+
 @pytest.fixture(scope="module")
 def bridge_flops() -> Any:
     """Bridge's num_floating_point_operations(cfg, batch_size)."""
-    module = _import_flop_utils_as_is() or _load_flop_utils_by_path()
-    return module.num_floating_point_operations
+    return bridge_flop_utils().num_floating_point_operations
 
 
 # ------------------------------------------------------------------ the recipes' shapes
@@ -353,3 +360,40 @@ def test_deepseek_v3_moe_layers_match_once_mla_and_mtp_are_set_aside(bridge_flop
     assert model_flops_per_sample(spec, "megatron") == bridge_flops(config)
     _, with_mla_and_mtp = deepseek_v3()
     assert bridge_flops(with_mla_and_mtp) != bridge_flops(config)  # what ours cannot express
+
+
+def bridge_packed_batch() -> dict[str, Any]:
+    """One pack as Bridge's packed SFT batches carry it (mbs 1): 5 + 3 real tokens in 16 slots, the tail
+    padding a segment of cu_seqlens, the unpadded boundaries beside, each with its argmin."""
+    import torch
+
+    return {"tokens": torch.zeros(1, 16, dtype=torch.long),
+            "cu_seqlens": torch.tensor([[0, 5, 8, 16, -1]], dtype=torch.int32), "cu_seqlens_argmin": torch.tensor(4),
+            "cu_seqlens_unpadded": torch.tensor([[0, 5, 8, 8, -1]], dtype=torch.int32),
+            "cu_seqlens_unpadded_argmin": torch.tensor(4)}
+
+
+def test_a_packed_batch_counts_as_bridges_accumulators_count_it():
+    """Bridge's own accumulate_flops_metadata (its forward step's) and our counter, on one pack."""
+    batch = bridge_packed_batch()
+    state = SimpleNamespace()
+    bridge_flop_utils().accumulate_flops_metadata(
+        state, batch["tokens"], config_seq_len=16, **{k: v for k, v in batch.items() if k.startswith("cu_")})
+    counter = TokenCounter()
+    counter.add_batch(batch)
+    tokens, slots, seqlen_sq = counter.step_done().read()
+    assert (slots, seqlen_sq) == (state._flops_seqlen_sum, state._flops_seqlen_sq_sum) == (16, 25 + 9)
+    assert tokens == 8
+
+
+@pytest.mark.parametrize("recipe", **by_name(FULL_ATTENTION))
+def test_packed_flops_equal_bridge_for_the_same_squared_lengths(bridge_flops, recipe):
+    """A step of 8 packs of the recipe's sequence length, each holding sequences of varied lengths:
+    our GEMMs on every slot plus attention on the sum of squares is Bridge's count, to the FLOP."""
+    s = recipe.seq_length
+    packs = [[s // 2, s // 4, s // 8], [s], [s - 100, 37], [1, 2, 3], [s // 3] * 3, [1000], [s // 2, s // 2], [7]]
+    slots, squares = 8 * s, sum(n * n for pack in packs for n in pack)
+    per_token, per_token_pair = flops_terms(recipe.model_spec(), "megatron")
+    ours = per_token * slots + per_token_pair * squares
+    assert ours == bridge_flops(recipe.bridge_config(), batch_size=8, seqlen_sum=slots, seqlen_squared_sum=squares)
+    assert ours < model_flops_per_sample(recipe.model_spec(), "megatron") * 8  # less attention than 8 full rows

@@ -37,7 +37,8 @@ def test_completed_run_summary_reads_shape_and_batch_from_the_nemo_style_config(
 
     # batch: global 4 = micro 2 x accumulation 2 (from cfg.model), tokens from the config, not the batch
     assert summary["batch"] == {"global_batch_size": 4, "micro_batch_size": 2, "seq_length": 16,
-                                "tokens_per_step": 64, "token_count": "config", "layout": "fixed"}
+                                "tokens_per_step": 64, "token_count": "config", "layout": "fixed", "counted": None,
+                                "uncounted": None}
     spec = summary["model"]["spec"]
     assert (spec["num_layers"], spec["hidden_size"], spec["num_attention_heads"], spec["ffn_hidden_size"],
             spec["seq_length"], spec["vocab_size"], spec["gated_linear_unit"]) == (1, 32, 4, 64, 16, 128, False)
@@ -291,6 +292,7 @@ def test_flops_per_sample_given_is_used_and_recorded_as_user(tmp_path, quiet_tra
     summary = json.loads((tmp_path / "summary.json").read_text())
     model_section, throughput = summary["model"], summary["throughput"]
     assert model_section == {"name": "tiny", "flops_per_sample": 1.5e6, "flops_formula": "user", "spec": None,
+                             "flops_per_step": summary["batch"]["global_batch_size"] * 1.5e6, "flops_count": "config",
                              "mfu_convention": {"formula": "user", "causal_attention": None}}
     assert (summary["hardware"]["peak_tflops"], summary["hardware"]["peak_source"]) == (0.5, "user")
     mean = summary["timing"]["step_time_s"]["mean"]

@@ -24,8 +24,7 @@ def test_worked_example_tokens_days_and_mfu():
     assert metrics["tokens_per_s"] == pytest.approx(92_712, abs=1)
     assert metrics["days_to_train_1t_tokens"] == pytest.approx(124.84, abs=0.01)
     assert 100 * metrics["mfu"] == pytest.approx(35.21, abs=0.005)
-    assert mfu(global_batch_size=128, flops_per_sample=3.94e15, step_time_s=11.31, num_gpus=64,
-               peak_tflops=1979) == metrics["mfu"]
+    assert mfu(flops_per_step=128 * 3.94e15, step_time_s=11.31, num_gpus=64, peak_tflops=1979) == metrics["mfu"]
     assert days_to_train(1e12, 92_712) == pytest.approx(124.84, abs=0.01)
 
 

@@ -477,7 +477,9 @@ def test_flops_per_sample_as_published_needs_no_model(tmp_path, capsys):
     assert code == 0, err
     summary = summary_of(tmp_path, "megatron_lm_mixtral_issue756")
     assert summary["model"] == {"name": "llama3.1-70b", "flops_per_sample": 3.94e15, "flops_formula": "user",
-                                "spec": None, "mfu_convention": {"formula": "user", "causal_attention": None}}
+                                "spec": None, "mfu_convention": {"formula": "user", "causal_attention": None},
+                                "flops_per_step": summary["batch"]["global_batch_size"] * 3.94e15,
+                                "flops_count": "config"}
     assert summary["hardware"]["peak_tflops"] == 1979.0 and summary["hardware"]["peak_source"] == "table:H100 SXM"
     # 3.94e15 is Llama 3.1 70B's figure, not this Mixtral run's: 273 % of the H100's fp8 peak, so no MFU
     assert summary["throughput"]["mfu"] is None

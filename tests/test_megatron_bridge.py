@@ -13,6 +13,7 @@ The full ``pretrain`` loop needs CUDA and Python 3.12: tests/gpu.
 """
 
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_bridge_flops import bridge_flop_utils
 
 from conftest import free_port, read_json
 
@@ -102,9 +104,11 @@ def llama_like_config(tensor_parallel=1, mixed_precision="bf16_mixed", steps=10,
                            mixed_precision=mixed_precision)
 
 
-def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0, losses_on_this_rank=True):
+def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0, losses_on_this_rank=True, packs=None):
     """Bridge's train loop's callback points (train.py) around a real tiny model and optimizer;
-    ``losses_on_this_rank`` False: an empty loss_dict, as on a pipeline stage before the last."""
+    ``losses_on_this_rank`` False: an empty loss_dict, as on a pipeline stage before the last;
+    ``packs(step)``: the step's packed micro-batches, accumulated on the state by Bridge's own
+    accumulate_flops_metadata as its forward step does, after train.py resets the accumulators."""
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     manager = CallbackManager()
@@ -118,6 +122,12 @@ def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0, losses_on
     manager.fire("on_train_start", context())
     while state.train_state.step < cfg.train.train_iters:
         manager.fire("on_train_step_start", context())
+        if packs is not None:
+            state._flops_seqlen_sum = state._flops_seqlen_sq_sum = 0
+            for batch in packs(state.train_state.step + 1):
+                bridge_flop_utils().accumulate_flops_metadata(
+                    state, batch["tokens"], config_seq_len=cfg.model.seq_length,
+                    **{key: value for key, value in batch.items() if key.startswith("cu_")})
         loss = model(torch.randn(cfg.train.micro_batch_size, 16)).pow(2).mean()
         loss.backward()
         time.sleep(slow_s)
@@ -177,7 +187,7 @@ def test_a_bridge_run_writes_the_lightning_summary_with_skipped_iterations_count
     assert [row["step"] for row in rows if row["skipped"]] == [4, 7]
     assert summary["batch"] == {"global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
                                 "tokens_per_step": 8 * 64, "token_count": "config",
-                                "layout": None}  # Bridge hands its callbacks no batch
+                                "layout": None, "counted": None, "uncounted": None}  # Bridge's callbacks see no batch
     spec = summary["model"]["spec"]
     shape = (spec["num_layers"], spec["hidden_size"], spec["num_query_groups"], spec["ffn_hidden_size"])
     assert shape == (2, 64, 2, 176)
@@ -226,6 +236,36 @@ def test_a_bridge_run_that_packs_sequences_says_its_tokens_count_padding(tmp_pat
     assert warned == (1 if layout else 0)
 
 
+def pack(*lengths, slots=64):
+    """A packed micro-batch (mbs 1) of sequences of ``lengths``, the tail padding a segment of cu_seqlens."""
+    bounds = [0, *itertools.accumulate(lengths)]
+    return {"tokens": torch.zeros(1, slots, dtype=torch.long), "cu_seqlens": torch.tensor([[*bounds, slots]]),
+            "cu_seqlens_unpadded": torch.tensor([[*bounds, bounds[-1]]])}
+
+
+RANK_PACKS = {0: [pack(10, 20), pack(64)], 1: [pack(30), pack(5, 5, 5)]}  # two micro-batches a step per rank
+
+
+def test_a_packed_bridge_run_counts_from_bridges_accumulators(tmp_path):
+    """Bridge's forward step accumulates the step's slots and squared lengths; the callback reads them at
+    the step's end. Real tokens stay the config's (Bridge counts slots, not tokens)."""
+    callback = ThroughputCallback(output_dir=str(tmp_path), log_every_n_steps=2, warmup_steps=1)
+    cfg = llama_like_config(steps=4)
+    cfg.train.global_batch_size = 2  # micro-batch 1 x 2 micro-batches, one rank
+    cfg.train.micro_batch_size = 1
+    cfg.dataset = types.SimpleNamespace(enable_offline_packing=True, enable_in_batch_packing=False)
+    run_bridge_loop(cfg, callback, packs=lambda step: RANK_PACKS[0])
+    summary = read_json(tmp_path / "summary.json")
+    assert summary["batch"]["counted"] == {"source": "megatron-bridge", "tokens_per_step": None,
+                                           "slots_per_step": 128.0, "padding_share": None,
+                                           "seqlen_sq_per_step": 100.0 + 400 + 64 * 64}
+    assert summary["batch"]["token_count"] == "config" and summary["batch"]["uncounted"] is None
+    expected = bridge_flop_utils().num_floating_point_operations(
+        cfg, batch_size=2, seqlen_sum=128, seqlen_squared_sum=100 + 400 + 64 * 64)
+    assert summary["model"]["flops_count"] == "batch"
+    assert summary["model"]["flops_per_step"] == pytest.approx(expected, rel=1e-12)
+
+
 def test_measured_flops_are_refused_with_what_to_do_instead():
     with pytest.raises(ValueError, match="flops_formula: measured is not available under Megatron-Bridge"):
         ThroughputCallback(flops_formula="measured")
@@ -235,7 +275,8 @@ def test_bridge_registers_only_the_events_the_adapter_handles():
     manager = CallbackManager()
     manager.add(ThroughputCallback())
     assert {e for e in manager.events if manager.has_callbacks(e)} == {
-        "on_train_start", "on_train_step_start", "on_train_step_end", "on_eval_end", "on_train_end"}
+        "on_train_start", "on_train_step_start", "on_train_step_end", "on_eval_start", "on_eval_end",
+        "on_checkpoint_save", "on_train_end"}
 
 
 def test_the_dtype_follows_bridge_mixed_precision_and_the_vocabulary_the_provider_pads(tmp_path):
@@ -255,6 +296,27 @@ def _two_rank_worker(rank, port, output_dir, results):
                     slow_s=0.05 if rank == 1 else 0.005)
     results[rank] = callback.summary_path
     dist.destroy_process_group()
+
+
+def _two_packing_ranks_worker(rank, port, output_dir, results):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    callback = ThroughputCallback(output_dir=output_dir, log_every_n_steps=2, warmup_steps=1)
+    cfg = llama_like_config(steps=4)
+    cfg.train.global_batch_size, cfg.train.micro_batch_size = 4, 1  # 2 data-parallel ranks x 2 micro-batches
+    cfg.dataset = types.SimpleNamespace(enable_offline_packing=True, enable_in_batch_packing=False)
+    run_bridge_loop(cfg, callback, packs=lambda step: RANK_PACKS[rank])
+    results[rank] = callback.summary_path
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_data_parallel_ranks_packing_differently_add_up(tmp_path):
+    results = mp.Manager().dict()
+    mp.start_processes(_two_packing_ranks_worker, args=(free_port(), str(tmp_path / "out"), results), nprocs=2,
+                       start_method="spawn", join=True)
+    counted = read_json(results[0])["batch"]["counted"]
+    assert counted["slots_per_step"] == 4 * 64
+    assert counted["seqlen_sq_per_step"] == (100 + 400 + 64 * 64) + (900 + 3 * 25)
 
 
 @pytest.mark.slow

@@ -1,14 +1,17 @@
 """`nemo-throughput launch slurm --submit` on a real Slurm cluster: two emulated nodes on this host."""
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import read_json
+from nemo_throughput.goodput import LEDGER_FILE, RUN_FILE, read_ledger
 from slurm_cluster import LocalSlurmCluster, missing_reason
 
 pytestmark = pytest.mark.slow
@@ -134,3 +137,41 @@ def test_template_by_hand_refuses_a_command_that_starts_with_an_option(cluster, 
     assert cluster.wait_for_job(job_id, timeout_s=120) == "FAILED"
     log = (tmp_path / f"slurm-{job_id}.out").read_text()
     assert "the training command starts with the option '--nodes=2'" in log and not ran.exists()
+
+
+def test_a_requeued_job_is_one_run_of_two_segments(cluster, tmp_path):
+    """`scontrol requeue` while the job trains: Slurm sends SIGTERM, the run stops, and the same job id
+    starts again (SLURM_RESTART_COUNT=1), resuming from the last checkpoint into the same output directory."""
+    out = tmp_path / "out"
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/bash
+srun {sys.executable} {Path(__file__).parent / 'scripts' / 'train_tiny.py'} --output-dir {out} --steps 40 \
+    --log-every 4 --warmup 1 --checkpoint-every 5 --resume --step-sleep-s 0.1
+""")
+    submitted = subprocess.run(["sbatch", "--parsable", "--open-mode=append", f"--output={tmp_path / 'job.out'}",
+                                str(script)], env=cluster.env, capture_output=True, text=True, check=True)
+    job_id = submitted.stdout.strip()
+    deadline = time.monotonic() + 120
+    while (ledger := read_ledger(out / LEDGER_FILE)) is None or ledger.last_step < 12:  # past two checkpoints
+        assert time.monotonic() < deadline, (tmp_path / "job.out").read_text() + cluster.logs()
+        time.sleep(0.2)
+    cluster.scontrol("requeue", job_id)
+    state = cluster.wait_for_job(job_id, timeout_s=300)
+    assert state == "COMPLETED", (tmp_path / "job.out").read_text() + cluster.logs()
+
+    first = read_ledger(out / LEDGER_FILE)
+    (second_dir,) = [path.parent for path in out.glob(f"*/{LEDGER_FILE}")]
+    second = read_ledger(second_dir / LEDGER_FILE)
+    key = f"slurm:nemo-throughput-test:{job_id}"
+    assert (first.identity["scheduler_key"], first.identity["restart_count"]) == (key, 0)
+    assert (second.identity["scheduler_key"], second.identity["restart_count"]) == (key, 1)
+    assert read_json(out / "summary.json")["status"] == "interrupted"  # SIGTERM, then a clean stop
+    resumed_at = first.checkpoints[-1][0]
+    assert second.first_step == resumed_at and second.last_step == 40
+
+    goodput = read_json(second_dir / "summary.json")["goodput"]
+    assert goodput["segment"] == 2 and goodput["run_id"] == first.run_id and goodput["scheduler_key"] == key
+    assert [row["restart_count"] for row in goodput["segments"]] == [0, 1]
+    assert goodput["steps"]["lost"] == first.last_step - resumed_at
+    assert goodput["seconds"]["restart"] > 0  # the requeue: from the stop to the new process
+    assert json.loads((out / RUN_FILE).read_text())["steps"] == goodput["steps"]

@@ -7,7 +7,8 @@ here: the hook signatures, reading the trainer and the module (:func:`describe_r
 loggers, one callback per trainer, and ``should_stop``; the measurement itself (timing, exchange,
 summary, end of run) is framework-free.
 
-Hot path (every step): one clock mark in each of four hooks, nothing read.
+Hot path (every step): one clock mark in each of four hooks, nothing read; packed or padded
+batches are also counted on the device (batches.TokenCounter).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         if self._batch_unseen:  # once per fit: the layout of the batches, from the first one's keys and shapes
             self._batch_unseen = False
             self.measurement.batch_seen(batch_layout(batch))
+        self.measurement.count_batch(batch)  # packed or padded batches: a few device operations
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self.measurement.before_backward()
@@ -118,6 +120,14 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         # A repeated global_step is a gradient-accumulation micro-batch: the measurement ignores it.
         vote = self.measurement.step_end(trainer.global_step, self._read_metrics)
         self._decide_stop(trainer, vote)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.measurement.validation_start()
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        # Called as the checkpoint is assembled, before it is written: the write is the save's time.
+        self.measurement.checkpoint_saving(trainer.global_step)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:

@@ -74,6 +74,7 @@ class BridgeThroughputCallback(MeasurementView):
             raise ValueError("flops_formula: measured is not available under Megatron-Bridge; keep a formula "
                              "(the default reads the model from the ConfigContainer) or pass flops_per_sample=...")
         self.measurement = Measurement(config)
+        self._counts_packs = False  # packed sequences: counted from Bridge's accumulators
 
     # ----------------------------------------------------------------------- events
     def on_train_start(self, context: CallbackContext) -> None:
@@ -89,8 +90,17 @@ class BridgeThroughputCallback(MeasurementView):
 
     def on_train_step_end(self, context: CallbackContext) -> None:
         step = context.state.train_state.step + 1  # Bridge counts the step after this event
+        if self._counts_packs:
+            self._count_packs(context.state)
         vote = self.measurement.step_end(step, lambda: _losses(context.loss_dict), skipped=bool(context.skipped_iter))
         _stop_if_any_rank_votes(context.state.cfg.train, vote, step)
+
+    def on_eval_start(self, context: CallbackContext) -> None:
+        self.measurement.validation_start()
+
+    def on_checkpoint_save(self, context: CallbackContext) -> None:
+        # Fired once the checkpoint is saved (an asynchronous save: once finalized).
+        self.measurement.checkpoint_saved(context.state.train_state.step)
 
     def on_eval_end(self, context: CallbackContext) -> None:
         steps_done = context.state.train_state.step
@@ -107,10 +117,28 @@ class BridgeThroughputCallback(MeasurementView):
             facts = describe_bridge_run(self.config, cfg, _device(), records)
         self.measurement.set_up(facts, _device(), rank, records,
                                 requested_dir=os.path.join(os.getcwd(), "throughput"))
-        self.measurement.batch_seen(None)  # Bridge hands callbacks no batch: the dataset config's word stands
+        # Bridge hands callbacks no batch: the dataset config's word stands, and the step's own FLOPs
+        # accumulators count its packed sequences.
+        self._counts_packs = facts.batch_layout == PACKED
+
+    def _count_packs(self, state: Any) -> None:
+        """The step's token slots and sum of squared sequence lengths, as Bridge's forward step
+        accumulated them on this rank (``GlobalState._flops_seqlen_sum``, ``_flops_seqlen_sq_sum``:
+        ints, or device tensors read later without waiting). A rank that saw no tokens (a middle
+        pipeline stage) counts nothing."""
+        slots, seqlen_sq = (getattr(state, name, None) for name in BRIDGE_ACCUMULATORS)
+        if slots is None or seqlen_sq is None:
+            self._counts_packs = False
+            self.measurement.not_counted("this Megatron-Bridge keeps no FLOPs accumulators of sequence lengths "
+                                         f"({', '.join(BRIDGE_ACCUMULATORS)} on GlobalState)")
+        elif not (isinstance(slots, int) and slots == 0):
+            self.measurement.count_accumulated(slots, seqlen_sq, source="megatron-bridge")
 
 
 ThroughputCallback = BridgeThroughputCallback  # the name this module first gave it
+# Bridge's per-step FLOPs accumulators (reset before each step, filled by its forward step): token
+# slots (padding included) and, for packed sequences, the sum of their squared lengths.
+BRIDGE_ACCUMULATORS = ("_flops_seqlen_sum", "_flops_seqlen_sq_sum")
 
 
 def describe_bridge_run(config: ThroughputConfig, cfg: Any, device: torch.device,

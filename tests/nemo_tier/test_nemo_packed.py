@@ -40,22 +40,31 @@ def test_nemo_packed_batches_are_named_packed(tmp_path):
     assert {batch_layout(batch) for batch in batches} == {"packed"}
 
 
-def test_a_run_on_nemo_packed_batches_says_its_tokens_count_padding(tmp_path, caplog):
-    batches = nemo_packed_batches(tmp_path)
+def test_a_run_on_nemo_packed_batches_counts_their_real_tokens_and_squared_lengths(tmp_path, caplog):
+    """Every pack trained three times after a warm-up pass over all of them: the mean step holds the
+    examples' tokens (each n - 1 long: the collate function trains on all but the last token) and their
+    squares, over the packs; NeMo's own token_count says the same of the tokens."""
+    lengths = (6, 9, 4, 11, 3)  # packed first-fit-decreasing into 16 slots: 10 + 5, 8 + 3 + 2
+    batches = nemo_packed_batches(tmp_path, lengths)
+    packs = len(batches)
+    assert packs == 2 and sum(batch["token_count"][0] for batch in batches) == sum(n - 1 for n in lengths)
     pl, module = tiny_lm("lightning.pytorch", data=batches * 4, batch_size=None, vocab_size=128,
                          tokens=lambda batch: batch["tokens"])
-    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=2, warmup_steps=1,
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=2, warmup_steps=packs,
                                   micro_batch_size=1, seq_length=PACK,
                                   model_spec={"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
                                               "vocab_size": 128})
     with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
-        pl.Trainer(max_steps=4, callbacks=[callback], logger=False, accelerator="cpu", devices=1,
+        pl.Trainer(max_steps=4 * packs, callbacks=[callback], logger=False, accelerator="cpu", devices=1,
                    default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
                    enable_checkpointing=False).fit(module)
     summary = json.loads(open(callback.summary_path).read())
-    assert summary["batch"]["layout"] == "packed" and summary["batch"]["token_count"] == "config"
-    assert summary["batch"]["tokens_per_step"] == PACK
-    assert sum("the training batches are packed (cu_seqlens" in r.getMessage() for r in caplog.records) == 1
+    assert summary["batch"]["layout"] == "packed" and summary["batch"]["token_count"] == "batch"
+    counted = summary["batch"]["counted"]
+    assert counted["source"] == "cu_seqlens_unpadded" and counted["slots_per_step"] == PACK
+    assert counted["tokens_per_step"] == 28 / packs and counted["padding_share"] == 1 - 14 / PACK
+    assert counted["seqlen_sq_per_step"] == sum((n - 1) ** 2 for n in lengths) / packs
+    assert not [r for r in caplog.records if "padding included" in r.getMessage()]
 
 
 def test_nemo2_finetuning_data_module_with_packed_sequences_reads_as_packed(tmp_path):

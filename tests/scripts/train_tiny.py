@@ -5,6 +5,7 @@ Used by the tests as a real process: real Lightning DDP over gloo, real signals.
 
 import argparse
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -24,6 +25,8 @@ class InstrumentedGPT(DemoGPT):
 
     def training_step(self, batch, batch_idx):
         step = self.trainer.global_step + 1  # the optimizer step this micro-batch belongs to
+        if self.args.kill_at and step == self.args.kill_at + 1 and self.trainer.global_rank == 0:
+            os.killpg(0, signal.SIGKILL)  # every rank of this job, with step kill_at finished and nothing after
         if self.args.fail_at and step == self.args.fail_at:
             raise RuntimeError(f"injected failure at step {step}")
         time.sleep(self.args.step_sleep_s)
@@ -56,6 +59,10 @@ def main():
     parser.add_argument("--trace-rank", type=int, action="append", default=None)
     parser.add_argument("--probe", action="store_true")
     parser.add_argument("--no-callback", action="store_true", help="train without ThroughputCallback")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps")
+    parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint, if any")
+    parser.add_argument("--kill-at", type=int, default=0,
+                        help="SIGKILL the process group (every rank) once step N is finished")
     parser.add_argument("--process-group-timeout-s", type=float, default=None,
                         help="DDPStrategy(timeout=...): how long a collective may wait for the other ranks")
     args = parser.parse_args()
@@ -65,12 +72,16 @@ def main():
                                   output_dir=args.output_dir, per_step_jsonl=args.per_step_jsonl,
                                   profile_steps=args.profile_steps, profile_trace_ranks=args.trace_rank,
                                   probe=args.probe)
+    checkpoints = os.path.join(args.output_dir, "checkpoints")
+    saving = [pl.callbacks.ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=args.checkpoint_every,
+                                           save_top_k=-1, save_last=True)] if args.checkpoint_every else []
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy(args),
-                         max_steps=args.steps, logger=False, enable_checkpointing=False,
+                         max_steps=args.steps, logger=False, enable_checkpointing=bool(saving),
                          enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[] if args.no_callback else [callback],
+                         callbacks=([] if args.no_callback else [callback]) + saving,
                          default_root_dir=args.output_dir)
-    trainer.fit(InstrumentedGPT(cfg, args))
+    last = os.path.join(checkpoints, "last.ckpt")
+    trainer.fit(InstrumentedGPT(cfg, args), ckpt_path=last if args.resume and os.path.exists(last) else None)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,136 @@
+"""Goodput across restarts: a real 2-rank Lightning run with checkpoints, killed with SIGKILL between
+two log steps and resumed from its last checkpoint, read back as one run of two segments with the
+lost steps known exactly; and the ledger arithmetic on its own."""
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from conftest import read_json, run_train_tiny
+from nemo_throughput.goodput import (
+    CATEGORIES,
+    LEDGER_FILE,
+    RUN_FILE,
+    Segment,
+    previous_segment,
+    read_ledger,
+    scheduler_key,
+    stitch,
+)
+
+STEPS, CHECKPOINT_EVERY, KILL_AT = 20, 5, 13  # log steps 4, 8, 12, 16; checkpoints at 5 and 10
+
+
+def train(out, *args, **popen):
+    proc = run_train_tiny("--output-dir", out, "--devices", 2, "--steps", STEPS, "--log-every", 4, "--warmup", 1,
+                          "--checkpoint-every", CHECKPOINT_EVERY, *args, start_new_session=True, **popen)
+    output, _ = proc.communicate(timeout=240)
+    return proc.returncode, output
+
+
+@pytest.mark.slow
+def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_run_of_two_segments(tmp_path):
+    out = tmp_path / "run"
+    returncode, output = train(out, "--kill-at", KILL_AT)
+    assert returncode == -signal.SIGKILL, output
+    killed = read_ledger(out / LEDGER_FILE)  # what the dead segment's memory-mapped ledger kept
+    assert (killed.first_step, killed.last_step) == (0, KILL_AT)
+    assert [step for step, *_ in killed.checkpoints] == [5, 10]
+    first_summary = json.loads((out / "summary.json").read_text())  # its last running summary stays
+    assert first_summary["status"] == "running"
+
+    returncode, output = train(out, "--resume")
+    assert returncode == 0, output
+    (second_dir,) = [path.parent for path in out.glob(f"*/{LEDGER_FILE}")]
+    resumed = read_ledger(second_dir / LEDGER_FILE)
+    assert (resumed.first_step, resumed.last_step) == (10, STEPS)
+    summary = read_json(second_dir / "summary.json")
+    assert summary["status"] == "completed" and summary["goodput"]["segment"] == 2
+    assert summary["goodput"]["run_id"] == first_summary["run"]["id"] != summary["run"]["id"]
+    assert "continues run " + first_summary["run"]["id"] in output
+
+    goodput = json.loads((out / RUN_FILE).read_text())
+    assert Path(summary["goodput"]["file"]) == Path("..") / RUN_FILE
+    assert {k: v for k, v in summary["goodput"].items() if k not in ("file", "segment")} == \
+        {k: v for k, v in goodput.items() if k != "schema"}
+    first, second = goodput["segments"]
+    # Steps 11-13 were trained after the checkpoint of step 10 and again after the restart.
+    assert (first["lost_steps"], first["lost_estimated"], second["lost_steps"]) == (3, False, 0)
+    _, step_at_10, data_at_10 = killed.checkpoints[-1]
+    lost_s = killed.seconds["step"] - step_at_10 + killed.seconds["data"] - data_at_10
+    assert first["lost_s"] == pytest.approx(lost_s, rel=1e-12) and lost_s > 0
+    assert goodput["steps"] == {"trained": KILL_AT + STEPS - 10, "lost": 3, "last": STEPS}
+    seconds = goodput["seconds"]
+    assert set(seconds) == set(CATEGORIES) and all(value >= 0 for value in seconds.values())
+    assert seconds["productive"] == pytest.approx(killed.seconds["step"] + resumed.seconds["step"]
+                                                  - (killed.seconds["step"] - step_at_10), rel=1e-12)
+    assert seconds["lost"] == pytest.approx(lost_s, rel=1e-12)
+    assert seconds["restart"] == pytest.approx(resumed.started_epoch_s - killed.last_epoch_s, rel=1e-12)
+    assert seconds["startup"] > 0 and seconds["checkpoint"] > 0
+    # Every second from the first process start to the last event is in one category.
+    assert sum(seconds.values()) == pytest.approx(goodput["wall_s"], rel=1e-6)
+    assert goodput["goodput_pct"] == pytest.approx(100 * seconds["productive"] / goodput["wall_s"])
+
+
+def segment(directory, first, last, seconds, checkpoints=(), started=0.0, run_id="r1", key=None):
+    wall = sum(seconds.values())
+    return Segment(Path(directory), {"run_id": run_id, "scheduler_key": key}, started, started + wall, first, last,
+                   {"startup": 0.0, "data": 0.0, "step": 0.0, "validation": 0.0, "checkpoint": 0.0, **seconds},
+                   list(checkpoints))
+
+
+def test_lost_steps_are_priced_at_the_checkpoint_resumed_from_else_estimated_and_flagged():
+    a = segment("a", 0, 30, {"startup": 5.0, "step": 30.0, "data": 3.0, "checkpoint": 2.0},
+                checkpoints=[(10, 10.0, 1.0), (20, 20.0, 2.0)])
+    b = segment("b", 20, 25, {"startup": 4.0, "step": 5.0, "data": 1.0}, started=a.last_epoch_s + 60)
+    c = segment("c", 22, 40, {"startup": 4.0, "step": 18.0, "data": 2.0}, started=b.last_epoch_s + 6)
+    goodput = stitch([a, b, c])
+    rows = goodput["segments"]
+    # a: steps 21-30 lost, priced from its checkpoint of step 20: (30 - 20) + (3 - 2) seconds.
+    assert (rows[0]["lost_steps"], rows[0]["lost_s"], rows[0]["lost_estimated"]) == (10, 11.0, False)
+    # b resumed at 20 and c at 22: b's steps 23-25 lost, no checkpoint of 22 in b: 3/5 of its step and data.
+    assert (rows[1]["lost_steps"], rows[1]["lost_s"], rows[1]["lost_estimated"]) == (3, 3.0 + 0.6, True)
+    assert rows[2]["lost_steps"] == 0
+    assert goodput["seconds"] == pytest.approx({"productive": 30 + 5 + 18 - 10 - 3, "startup": 13.0,
+                                                "data": 3 + 1 + 2 - 1 - 0.6, "validation": 0.0, "checkpoint": 2.0,
+                                                "lost": 11 + 3.6, "restart": 66.0})
+    assert goodput["wall_s"] == pytest.approx(sum(goodput["seconds"].values()))
+    assert goodput["steps"] == {"trained": 30 + 5 + 18, "lost": 13, "last": 40}
+
+
+def test_a_segment_resumed_from_an_older_checkpoint_loses_every_step_after_it():
+    a = segment("a", 0, 10, {"step": 10.0}, checkpoints=[(5, 5.0, 0.0)])
+    b = segment("b", 10, 12, {"step": 2.0}, started=20.0)
+    c = segment("c", 5, 12, {"step": 7.0}, started=40.0)  # resumed from a's step 5: a's 6-10 and all of b lost
+    rows = stitch([a, b, c])["segments"]
+    assert [(r["lost_steps"], r["lost_s"]) for r in rows] == [(5, 5.0), (2, 2.0), (0, 0.0)]
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_JOB_ID": "42", "SLURM_CLUSTER_NAME": "c", "SLURM_RESTART_COUNT": "2"}, ("slurm:c:42", 2)),
+    ({"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3"}, ("slurm::40_3", 0)),
+    ({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "JOB_NAME": "gpt", "POD_NAMESPACE": "ml"}, ("kubernetes:ml/gpt", 0)),
+    ({}, (None, 0)),
+])
+def test_the_scheduler_names_the_job_across_its_restarts(env, expected):
+    assert scheduler_key(env) == expected
+
+
+def test_only_a_resumed_or_restarted_segment_continues_an_earlier_one(tmp_path):
+    """A repeat of a benchmark in the same directory (step 0, no restart) is a new run; a resume is not."""
+    from nemo_throughput.goodput import Ledger
+
+    earlier = tmp_path / "first"
+    earlier.mkdir()
+    ledger = Ledger(earlier)
+    ledger.start_training(0, {"run_id": "first", "scheduler_key": None, "root": str(tmp_path)})
+    for step in range(1, 9):
+        ledger.step_done(step)
+    ledger.close()
+    own = tmp_path / "second"
+    assert previous_segment(tmp_path, own, None, restarts=0, first_step=0) is None
+    assert previous_segment(tmp_path, own, None, restarts=0, first_step=5).run_id == "first"
+    assert previous_segment(tmp_path, own, None, restarts=0, first_step=9) is None  # trained past nothing it has
+    assert previous_segment(tmp_path, own, "slurm::7", restarts=1, first_step=0) is None  # another job's
