@@ -144,7 +144,12 @@ class Measurement:
         # Checked now, not when the summary is first written at the end of hours of training.
         self.output_dir, facts.run_id = claim_output_dir_on_rank_zero(rank, requested, facts)
         if rank == 0:
-            self._goodput_root, self._ledger = requested, Ledger(self.output_dir)
+            self._goodput_root = requested
+            try:
+                self._ledger = Ledger(self.output_dir)
+            except (OSError, ValueError) as error:  # a file system without shared memory maps: no goodput
+                log.warning("nemo-throughput: no goodput ledger for this run (%s: %s); the rest is measured",
+                            type(error).__name__, error)
         if self.config.per_step_jsonl:
             facts.steps_jsonl = {"path": STEPS_FILE, "complete": True, "error": None}
         self.facts = facts

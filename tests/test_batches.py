@@ -5,6 +5,7 @@ cannot be read, a warning and the config's count; a real Lightning Trainer hands
 import itertools
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from lightning_modules import tiny_lm
 from nemo_throughput import ThroughputCallback
 from nemo_throughput.batches import TokenCounter, batch_layout
 from nemo_throughput.flops import ModelSpec, flops_terms
+from nemo_throughput.report.runs import load_run
+from nemo_throughput.throughput import METRICS
 
 
 def nemo_packed_batch():
@@ -132,6 +135,8 @@ def test_a_run_on_packed_batches_counts_what_its_batches_held(tmp_path, quiet_tr
     assert throughput["tokens_per_s_with_padding"] == pytest.approx(slots / step_s, rel=1e-12)
     assert throughput["model_tflops_per_gpu"] == pytest.approx(flops / step_s / 1e12, rel=1e-12)
     assert throughput["mfu"] == pytest.approx(flops / step_s / 1e12, rel=1e-12)  # peak 1 TFLOPS
+    reported = load_run(Path(callback.summary_path)).workload.metrics(step_s)  # what `report` shows
+    assert {key: reported[key] for key in METRICS} == {key: throughput[key] for key in METRICS}
     assert not [r for r in caplog.records if "padding included" in r.getMessage()]
 
 

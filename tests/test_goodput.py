@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_json, run_train_tiny
+from conftest import nemo_throughput_cli, read_json, run_train_tiny
 from nemo_throughput.goodput import (
     CATEGORIES,
     LEDGER_FILE,
@@ -72,6 +72,14 @@ def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_run_of_two_segments
     # Every second from the first process start to the last event is in one category.
     assert sum(seconds.values()) == pytest.approx(goodput["wall_s"], rel=1e-6)
     assert goodput["goodput_pct"] == pytest.approx(100 * seconds["productive"] / goodput["wall_s"])
+
+    # The report: one row for the run (from its latest segment's summary), hours by category.
+    report = nemo_throughput_cli("report", out, "--format", "json")
+    (row,) = json.loads(report.stdout)["goodput"]
+    assert row == {"run_id": goodput["run_id"], "segments": 2, "steps_last": STEPS, "steps_lost": 3,
+                   "wall_h": goodput["wall_s"] / 3600, "goodput_pct": goodput["goodput_pct"],
+                   **{f"{category}_h": seconds[category] / 3600 for category in CATEGORIES}}
+    assert "only completed runs are reported" in report.stderr  # the killed segment's own summary
 
 
 def segment(directory, first, last, seconds, checkpoints=(), started=0.0, run_id="r1", key=None):

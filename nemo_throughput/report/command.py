@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
+from nemo_throughput.report.goodput import latest_per_run
 from nemo_throughput.report.grouping import Report, build_report
 from nemo_throughput.report.rendering import render
 from nemo_throughput.report.runs import (
@@ -24,6 +25,7 @@ from nemo_throughput.report.runs import (
     find_summaries,
     load_run,
     load_training_run,
+    read_goodput,
 )
 from nemo_throughput.report.time_to_train import build_time_to_train
 from nemo_throughput.text import printable
@@ -77,11 +79,13 @@ def run_report(args: argparse.Namespace) -> int:
         paths, problems = find_summaries(args.summaries)
         _check_destinations(args.output, args.plot, paths)
         runs, training, rejected = _load_runs(paths, problems, window)
-        if not runs and not training:
+        goodput = latest_per_run([section for path in paths if (section := _goodput(path)) is not None])
+        if not runs and not training and not goodput:
             raise ReportError("no run left to report on")
         report = (build_report(runs, tokens=args.tokens, baseline=args.baseline, group_by=args.group_by) if runs
                   else Report([], [], args.tokens, args.baseline, group_by=args.group_by))
         report.time_to_train = build_time_to_train(training)
+        report.goodput = goodput
         for note in report.notes:
             say(f"note: {note}")
         for group in report.time_to_train:
@@ -131,6 +135,14 @@ def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | 
             say(f"note: {note}")
         runs.append(run)
     return runs, training, rejected
+
+
+def _goodput(path: Path) -> dict | None:
+    """A summary's goodput section, whatever its status (unreadable ones are listed by _load_runs)."""
+    try:
+        return read_goodput(path)
+    except ReportError:
+        return None
 
 
 def _plot(report: Report, path: Path) -> None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from nemo_throughput.report.goodput import goodput_records
 from nemo_throughput.report.runs import PHASES, PROFILE_FRACTIONS, ReportError, Run
 from nemo_throughput.report.time_to_train import TrainGroup, time_to_train_records
 from nemo_throughput.text import printable
@@ -137,6 +138,7 @@ class Report:
     step_time: bool = False  # whether the summaries say where the step time goes
     notes: list[str] = field(default_factory=list)  # for stderr, e.g. repeats that differ in network
     time_to_train: list[TrainGroup] = field(default_factory=list)  # MLPerf-style runs (imported result logs)
+    goodput: list[dict[str, Any]] = field(default_factory=list)  # each run's goodput section (report.goodput)
 
     @property
     def has_samples(self) -> bool:
@@ -173,6 +175,8 @@ class Report:
             data["probe"] = probe_records(self)
         if self.time_to_train:
             data["time_to_train"] = time_to_train_records(self.time_to_train)
+        if self.goodput:
+            data["goodput"] = goodput_records(self.goodput)
         return data
 
 

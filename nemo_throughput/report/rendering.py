@@ -9,6 +9,7 @@ import json
 from collections.abc import Collection
 from typing import Any
 
+from nemo_throughput.report.goodput import GOODPUT_FIELDS, GOODPUT_TITLE, goodput_records, goodput_rows
 from nemo_throughput.report.grouping import (
     PHASE_FIELDS,
     PROBE_FIELDS,
@@ -189,7 +190,7 @@ def render(report: Report, fmt: str) -> str:
     parts = [table(*_group_rows(report))] if any(g.unit == "tokens" for g in report.groups) else []
     if report.has_samples:
         parts.append(table(*_group_rows(report, "samples")))
-    if not parts and not report.time_to_train:
+    if not parts and not report.time_to_train and not report.goodput:
         parts = [table(*_group_rows(report))]  # no run: the header alone
     if report.comparisons:
         parts += [table(*_comparison_rows(report)), DIFF_SIGN]
@@ -205,6 +206,8 @@ def render(report: Report, fmt: str) -> str:
         parts += [PROBE_TITLE, table(*_probe_rows(report))]
     if report.time_to_train:
         parts += [TIME_TO_TRAIN_TITLE, table(*_time_to_train_rows(report.time_to_train))]
+    if report.goodput:
+        parts += [GOODPUT_TITLE, table(*goodput_rows(report.goodput))]
     return "\n\n".join(parts) + "\n"
 
 
@@ -251,6 +254,8 @@ def _render_csv(report: Report) -> str:
         sections.append((list(PROBE_FIELDS), probe_records(report)))
     if report.time_to_train:
         sections.append((TIME_TO_TRAIN_CSV_FIELDS, _time_to_train_csv(report.time_to_train)))
+    if report.goodput:
+        sections.append((list(GOODPUT_FIELDS), goodput_records(report.goodput)))
     for index, (fields, records) in enumerate(sections):
         if index:
             writer.writerow([])

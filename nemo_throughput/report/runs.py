@@ -29,7 +29,7 @@ from nemo_throughput.report.fields import (
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
 from nemo_throughput.summary import EXPLAINED, STATUSES, USER_FLOPS, read_summary
 from nemo_throughput.text import printable
-from nemo_throughput.throughput import Workload
+from nemo_throughput.throughput import CountedStep, Workload
 from nemo_throughput.window import Window
 
 
@@ -91,11 +91,12 @@ class Run:
     notes: list[str] = field(default_factory=list)  # what was left out of the input, for the user
     explanation: Explanation = field(default_factory=Explanation)
     unit: str = "tokens"  # what its primary rate counts: "tokens" or "samples" (throughput.primary)
+    counted: CountedStep | None = None  # packed or padded batches as counted (batch.counted), with their FLOPs
 
     @property
     def workload(self) -> Workload:
         return Workload(self.global_batch_size, self.seq_length, self.num_gpus, self.flops_per_sample,
-                        self.peak_tflops)
+                        self.peak_tflops, self.counted)
 
     @property
     def setup(self) -> dict[str, Any]:
@@ -134,9 +135,28 @@ def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
               dtype=fields.text("hardware.dtype", optional=True),
               peak_tflops=fields.positive("hardware.peak_tflops", optional=True),
               step_time_s=step_time_s, steps_counted=counted, window=window_text, notes=notes,
-              explanation=read_explanation(fields))
+              explanation=read_explanation(fields), counted=_counted(fields))
     _require_finite_metrics(run)
     return run
+
+
+def _counted(fields: Fields) -> CountedStep | None:
+    """What packed or padded batches held (batch.counted), and the FLOPs their lengths computed where
+    the summary counted them (model.flops_count batch): the rates are those of the summary."""
+    if fields.optional("batch.counted") is None:
+        return None
+    flops = fields.positive("model.flops_per_step") if fields.optional("model.flops_count") == "batch" else None
+    return CountedStep(tokens=fields.optional_number("batch.counted.tokens_per_step"),
+                       slots=fields.positive("batch.counted.slots_per_step"),
+                       seqlen_sq=fields.positive("batch.counted.seqlen_sq_per_step"), flops=flops,
+                       source=fields.text("batch.counted.source"))
+
+
+def read_goodput(path: Path) -> dict[str, Any] | None:
+    """A summary's goodput section (any status: a killed segment's counts too), None without one."""
+    summary = _read(path)
+    goodput = summary.get("goodput") if isinstance(summary, dict) else None
+    return goodput if isinstance(goodput, dict) and isinstance(goodput.get("run_id"), str) else None
 
 
 def _unit(fields: Fields) -> str:
