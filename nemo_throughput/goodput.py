@@ -17,6 +17,7 @@ restart's.
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 import time
@@ -24,6 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from nemo_throughput.summary import write_json_atomic
+
+log = logging.getLogger(__name__)
 
 LEDGER_FILE = "goodput.ledger"
 RUN_FILE = "goodput.json"
@@ -267,6 +272,48 @@ def _lost(segment: Segment, resumed: int | None) -> tuple[int, dict[str, float],
         trained = segment.last_step - segment.first_step
         return lost, {state: segment.seconds[state] * lost / trained for state in priced}, True
     return lost, {state: segment.seconds[state] - at[state] for state in priced}, False
+
+
+class RunGoodput:
+    """Rank 0's view of the run's goodput: this segment's ledger (the hot path's), the run it belongs
+    to, and the earlier segments it continues (read once: they are over)."""
+
+    def __init__(self, requested_dir: str | os.PathLike, output_dir: str | os.PathLike) -> None:
+        self.ledger = Ledger(output_dir)
+        self._root, self._output_dir = os.path.abspath(requested_dir), Path(output_dir)
+        self._run_id: str | None = None
+        self._earlier: list[Segment] = []
+
+    def start(self, steps_done: int, segment_run_id: str, env: Mapping[str, str] = os.environ) -> Segment | None:
+        """Training starts at ``steps_done``: the segment this one continues (None: it starts a run)."""
+        key, restarts = scheduler_key(env)
+        previous = previous_segment(self._root, self._output_dir, key, restarts, steps_done)
+        if previous is not None:
+            self._root = previous.identity["root"]
+            self._earlier = run_segments(self._root, previous.run_id)
+        self._run_id = previous.run_id if previous is not None else segment_run_id
+        self.ledger.start_training(steps_done, {
+            "run_id": self._run_id, "segment_run_id": segment_run_id, "segment": len(self._earlier) + 1,
+            "scheduler_key": key, "restart_count": restarts, "root": self._root})
+        return previous
+
+    @property
+    def segment(self) -> int:
+        return len(self._earlier) + 1
+
+    def section(self) -> dict[str, Any] | None:
+        """The run's goodput so far (stitch), also written to its goodput.json; None before training."""
+        own = read_ledger(self.ledger.path) if self._run_id is not None else None
+        if own is None:
+            return None
+        goodput = stitch([*self._earlier, own])
+        path = (self._earlier[0].directory if self._earlier else self._output_dir) / RUN_FILE
+        try:
+            write_json_atomic(path, goodput, durable=False)
+        except (OSError, ValueError) as error:  # the summary still holds it
+            log.warning("nemo-throughput: could not write %s: %s", path, error)
+        return {"file": os.path.relpath(path, self._output_dir), "segment": self.segment,
+                **{key: value for key, value in goodput.items() if key != "schema"}}
 
 
 def _iso(epoch_s: float) -> str:

@@ -38,20 +38,7 @@ from nemo_throughput.batches import PACKED, PADDED, Count, TokenCounter
 from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import FORMULAS, MEASURED, flops_terms
-from nemo_throughput.goodput import (
-    CHECKPOINT,
-    DATA,
-    RUN_FILE,
-    STEP,
-    VALIDATION,
-    Ledger,
-    Segment,
-    previous_segment,
-    read_ledger,
-    run_segments,
-    scheduler_key,
-    stitch,
-)
+from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger, RunGoodput
 from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
 from nemo_throughput.progress import format_interval, step_rows
 from nemo_throughput.run_facts import claim_output_dir_on_rank_zero, mfu_above_peak_warning
@@ -100,9 +87,8 @@ class Measurement:
         self._to_log: deque[tuple[dict[str, float], int]] = deque()  # the reporter's, for the loggers
         self._flop_counter: StepFlopCounter | None = None  # flops_formula measured, until the first step ends
         self._token_counter: TokenCounter | None = None  # packed or padded batches: counted
-        self._ledger: Ledger | None = None  # rank 0: this segment's goodput ledger
-        self._goodput_root: str | None = None  # where the run's segments claim their directories
-        self._goodput_run: tuple[str, list[Segment]] | None = None  # (run id, earlier segments), from train start
+        self._goodput: RunGoodput | None = None  # rank 0
+        self._ledger: Ledger | None = None  # rank 0: this segment's goodput ledger (the goodput's), on the hot path
         self.time_to_target: TimeToTarget | None = None  # target set: the run clock
         self._mllog: MLPerfLog | None = None  # mllog on, rank 0
         self._last_step = 0
@@ -144,9 +130,9 @@ class Measurement:
         # Checked now, not when the summary is first written at the end of hours of training.
         self.output_dir, facts.run_id = claim_output_dir_on_rank_zero(rank, requested, facts)
         if rank == 0:
-            self._goodput_root = requested
             try:
-                self._ledger = Ledger(self.output_dir)
+                self._goodput = RunGoodput(requested, self.output_dir)
+                self._ledger = self._goodput.ledger
             except (OSError, ValueError) as error:  # a file system without shared memory maps: no goodput
                 log.warning("nemo-throughput: no goodput ledger for this run (%s: %s); the rest is measured",
                             type(error).__name__, error)
@@ -191,21 +177,11 @@ class Measurement:
 
     def _start_goodput(self, steps_done: int) -> None:
         """Rank 0: start-up is over; this segment continues an earlier one of the run, or starts one."""
-        if self._ledger is None:
-            return
-        key, restarts = scheduler_key()
-        previous = previous_segment(self._goodput_root, self.output_dir, key, restarts, steps_done)
-        if previous is not None:
-            self._goodput_root = previous.identity["root"]
-        run_id = previous.run_id if previous is not None else self.facts.run_id
-        earlier = run_segments(self._goodput_root, run_id) if previous is not None else []
-        self._goodput_run = run_id, earlier
-        self._ledger.start_training(steps_done, {
-            "run_id": run_id, "segment_run_id": self.facts.run_id, "segment": len(earlier) + 1,
-            "scheduler_key": key, "restart_count": restarts, "root": os.path.abspath(self._goodput_root)})
+        previous = self._goodput.start(steps_done, self.facts.run_id) if self._goodput is not None else None
         if previous is not None:
             log.info("nemo-throughput: this run continues run %s (segment %d, resumed at step %d; the last "
-                     "segment reached step %d)", run_id, len(earlier) + 1, steps_done, previous.last_step)
+                     "segment reached step %d)", previous.run_id, self._goodput.segment, steps_done,
+                     previous.last_step)
 
     def watch_sigterm(self) -> None:
         """Install the SIGTERM watch (once): call it after the framework installed its own handler."""
@@ -559,7 +535,7 @@ class Measurement:
         self._reporter.close()  # drained before the final exchange: its thread ends now
         if self._ledger is not None:
             self._ledger.close()
-            self._ledger = None
+            self._goodput = self._ledger = None
 
     def _write_at_sigterm(self) -> None:
         """On the SIGTERM watch's thread: the last summary the training thread built (a consistent
@@ -595,25 +571,8 @@ class Measurement:
         explained = self._explain.sections(workload.step_tokens, final=final and self.rank == 0)
         clock = self.time_to_target.section() if self.time_to_target is not None else None
         return build_summary(self.facts, self.stats, status, error, explained, time_to_target=clock,
-                             counted=workload.counted, goodput=self._goodput())
-
-    def _goodput(self) -> dict[str, Any] | None:
-        """Rank 0: the run's goodput so far, from its earlier segments' ledgers and this one's, also
-        written to the run's goodput.json (in its first segment's directory)."""
-        if self._ledger is None or self._goodput_run is None:
-            return None
-        run_id, earlier = self._goodput_run
-        own = read_ledger(self._ledger.path)
-        if own is None:
-            return None
-        goodput = stitch([*earlier, own])
-        path = os.path.join((earlier[0].directory if earlier else self.output_dir), RUN_FILE)
-        try:
-            write_json_atomic(path, goodput, durable=False)
-        except (OSError, ValueError) as error:  # the summary still holds it
-            log.warning("nemo-throughput: could not write %s: %s", printable(path), error)
-        return {"file": os.path.relpath(path, self.output_dir), "segment": len(earlier) + 1,
-                **{key: value for key, value in goodput.items() if key != "schema"}}
+                             counted=workload.counted,
+                             goodput=self._goodput.section() if self._goodput is not None else None)
 
     def _workload(self) -> Workload:
         """The facts' workload, with the steps' counted batches where they were counted."""
