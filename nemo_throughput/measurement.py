@@ -40,7 +40,7 @@ from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import FORMULAS, MEASURED, flops_terms
 from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger, RunGoodput
 from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
-from nemo_throughput.progress import format_interval, step_rows
+from nemo_throughput.progress import format_interval, logger_metrics, step_rows
 from nemo_throughput.run_facts import claim_output_dir_on_rank_zero, mfu_above_peak_warning
 from nemo_throughput.signals import SigtermWatch
 from nemo_throughput.summary import (
@@ -489,16 +489,17 @@ class Measurement:
             self._explain.absorb(extras, measured=self.stats.is_measured(sampled_at))
         if interval is None or self.rank != 0:
             return
-        metrics = self._workload().metrics(interval.step_time_s)
+        workload = self._workload()
+        metrics = workload.metrics(interval.step_time_s)
         log.info(format_interval(interval, metrics))
         if metrics["mfu_above_peak"] is not None and not self._warned_above_peak:
             self._warned_above_peak = True
             log.warning(mfu_above_peak_warning(self.facts, metrics["mfu_above_peak"]))
         if self._log_metrics is not None:
-            logged = {f"throughput/{k}": v for k, v in metrics.items() if v is not None}
-            logged["throughput/step_time_s"] = interval.step_time_s
-            logged["throughput/slowest_rank"] = interval.slowest_rank
-            self._to_log.append((logged, interval.last_step))
+            straggler, counted = self.stats.straggler(), workload.counted
+            run = {"straggler_excess_pct": straggler["excess_pct"] if straggler else None,
+                   "padding_share": counted.padding_share if counted else None}
+            self._to_log.append((logger_metrics(interval, metrics, run), interval.last_step))
         if self.facts.steps_jsonl and self.facts.steps_jsonl["complete"]:
             self._append_steps(steps)
 

@@ -1,14 +1,52 @@
-"""A log interval as the user sees it: the live progress line and the steps.jsonl rows, made on
-the reporting thread."""
+"""A log interval as the user sees it: the live progress line, the loggers' metrics (one list of
+keys, :data:`LOGGED_METRICS`) and the steps.jsonl rows, made on the reporting thread."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from nemo_throughput.aggregation import Interval, RunStats, step_times
 from nemo_throughput.timing import StepTimes
+
+
+class LoggedMetric(NamedTuple):
+    """A key the loggers get at each log step, under ``throughput/``."""
+
+    key: str
+    unit: str
+    meaning: str
+
+
+LOGGED_METRICS = (
+    LoggedMetric("tokens_per_s", "tokens/s", "all GPUs; real tokens where packed or padded batches are counted"),
+    LoggedMetric("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / GPUs"),
+    LoggedMetric("tokens_per_s_with_padding", "tokens/s", "token slots/s, padding included (counted batches only)"),
+    LoggedMetric("samples_per_s", "samples/s", "all GPUs"),
+    LoggedMetric("model_tflops_per_gpu", "TFLOPS", "model FLOPs per step / step time / GPUs"),
+    LoggedMetric("mfu", "fraction", "model_tflops_per_gpu / the dtype's dense peak (absent above 1)"),
+    LoggedMetric("mfu_above_peak", "fraction", "the MFU computed when above 1: the peak or the FLOPs are wrong"),
+    LoggedMetric("days_to_train_1t_tokens", "days", "10^12 tokens at tokens_per_s"),
+    LoggedMetric("step_time_s", "s", "the interval's mean global (slowest-rank) step time"),
+    LoggedMetric("slowest_rank", "rank", "the rank longest before its first collective in the interval"),
+    LoggedMetric("straggler_excess_pct", "%", "the run's slowest rank so far: its time above the median rank's"),
+    LoggedMetric("data_s", "s", "waiting for the batch, mean over the interval's steps and ranks"),
+    LoggedMetric("forward_s", "s", "forward, mean over the interval's steps and ranks"),
+    LoggedMetric("backward_s", "s", "backward and gradient reduction, mean over the interval's steps and ranks"),
+    LoggedMetric("optimizer_s", "s", "optimizer step, mean over the interval's steps and ranks"),
+    LoggedMetric("padding_share", "fraction", "of the token slots, where packed or padded batches are counted"),
+)
+
+
+def logger_metrics(interval: Interval, metrics: dict[str, float | None],
+                   run: dict[str, float | None]) -> dict[str, float]:
+    """The loggers' metrics of an interval: ``metrics`` (throughput.Workload.metrics), the interval's
+    own figures and ``run``'s (straggler_excess_pct, padding_share); keys of LOGGED_METRICS, under
+    ``throughput/``, those with no value left out."""
+    values = {**metrics, "step_time_s": interval.step_time_s, "slowest_rank": interval.slowest_rank,
+              **interval.phases_s, **run}
+    return {f"throughput/{m.key}": float(values[m.key]) for m in LOGGED_METRICS if values.get(m.key) is not None}
 
 
 def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_throughput.timing import StepTimes
+from nemo_throughput.timing import PHASE_TIMES, StepTimes
 
 COLUMNS = ("step", *StepTimes.VALUES)  # step number, step_s, the phases, the batch counts (NaN: not observed)
 _TOTALS = (*StepTimes.VALUES, "local_s")  # local = data + forward
@@ -52,6 +52,7 @@ class Interval:
     profiled: bool = False  # overlaps the profiled steps (left out of the statistics)
     left_out: int = 0  # steps of it not counted (warm-up, profiled, skipped)
     left_out_reasons: tuple[str, ...] = ()  # why, in words ("warm-up", "profiled", "skipped")
+    phases_s: dict[str, float | None] = field(default_factory=dict)  # PHASE_TIMES: means over its steps and ranks
 
 
 class RunStats:
@@ -148,6 +149,8 @@ class RunStats:
             profiled=any(self.is_excluded(n) for n in step_numbers),
             left_out=left_out,
             left_out_reasons=tuple(word for word, test in reasons if any(test(n) for n in not_counted)),
+            phases_s={name: _mean_observed([rank[i][_TOTALS.index(name)] for rank in values for i in shown])
+                      for name in PHASE_TIMES},
         )
 
     @property
@@ -219,6 +222,11 @@ class RunStats:
             "spread_s": {"min": ordered[0], "median": typical, "max": ordered[-1]},
             "others_wait_s": values[slowest] - typical if metric == "local_time_s" else None,
         }
+
+
+def _mean_observed(values: list[float]) -> float | None:
+    """The mean, None when any value was not observed (NaN)."""
+    return None if not values or any(math.isnan(v) for v in values) else sum(values) / len(values)
 
 
 class SortedValues:

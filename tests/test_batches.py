@@ -2,6 +2,7 @@
 tokens, slots and squared sequence lengths counted per step (exact expected values), and where they
 cannot be read, a warning and the config's count; a real Lightning Trainer hands them over."""
 
+import csv
 import itertools
 import json
 import logging
@@ -15,6 +16,7 @@ from lightning_modules import tiny_lm
 from nemo_throughput import ThroughputCallback
 from nemo_throughput.batches import TokenCounter, batch_layout
 from nemo_throughput.flops import ModelSpec, flops_terms
+from nemo_throughput.progress import LOGGED_METRICS
 from nemo_throughput.report.runs import load_run
 from nemo_throughput.throughput import METRICS
 
@@ -119,8 +121,9 @@ def test_a_run_on_packed_batches_counts_what_its_batches_held(tmp_path, quiet_tr
     pl, module = tiny_lm(data=PACKS * 2, batch_size=None, vocab_size=128, tokens=token_rows)
     callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=3, warmup_steps=1,
                                   micro_batch_size=1, seq_length=16, model_spec=SPEC, peak_tflops=1.0)
+    logger = pl.loggers.CSVLogger(tmp_path / "csv")
     with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
-        pl.Trainer(max_steps=8, callbacks=[callback], logger=False, **quiet_trainer_kwargs).fit(module)
+        pl.Trainer(max_steps=8, callbacks=[callback], logger=logger, **quiet_trainer_kwargs).fit(module)
     summary = read_json(callback.summary_path)
     tokens, slots, squares, flops = expected_step([*PACKS[1:], PACKS[0], *PACKS[1:]])
     assert summary["batch"]["token_count"] == "batch" and summary["batch"]["uncounted"] is None
@@ -135,6 +138,13 @@ def test_a_run_on_packed_batches_counts_what_its_batches_held(tmp_path, quiet_tr
     assert throughput["tokens_per_s_with_padding"] == pytest.approx(slots / step_s, rel=1e-12)
     assert throughput["model_tflops_per_gpu"] == pytest.approx(flops / step_s / 1e12, rel=1e-12)
     assert throughput["mfu"] == pytest.approx(flops / step_s / 1e12, rel=1e-12)  # peak 1 TFLOPS
+    # Every documented key reaches the logger (MFU here is far below the peak), and nothing else.
+    with open(Path(logger.log_dir) / "metrics.csv") as file:
+        rows = list(csv.DictReader(file))
+    logged = {key for row in rows for key, value in row.items() if value and key.startswith("throughput/")}
+    assert logged == {f"throughput/{m.key}" for m in LOGGED_METRICS} - {"throughput/mfu_above_peak"}
+    last = rows[-1]
+    assert float(last["throughput/padding_share"]) == pytest.approx(1 - tokens / slots, rel=1e-12)
     reported = load_run(Path(callback.summary_path)).workload.metrics(step_s)  # what `report` shows
     assert {key: reported[key] for key in METRICS} == {key: throughput[key] for key in METRICS}
     assert not [r for r in caplog.records if "padding included" in r.getMessage()]

@@ -18,6 +18,7 @@ from sphinx.util.docutils import SphinxDirective
 
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.hardware import ACCELERATORS, DTYPES
+from nemo_throughput.progress import LOGGED_METRICS
 from nemo_throughput.schemas import load_summary_schema
 
 
@@ -140,7 +141,16 @@ class PeaksTable(SphinxDirective):
                        [12, 14, *(6 for _ in DTYPES), 38])]
 
 
+class LoggedMetricsTable(SphinxDirective):
+    """The keys the loggers get (progress.LOGGED_METRICS): key, unit, meaning."""
+
+    def run(self) -> list[nodes.Node]:
+        rows = [[f"`throughput/{m.key}`", m.unit, m.meaning] for m in LOGGED_METRICS]
+        return [_table(["key", "unit", "meaning"], rows, [30, 12, 58])]
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.add_directive("nemo-throughput-logged-metrics", LoggedMetricsTable)
     app.add_directive("nemo-throughput-peaks", PeaksTable)
     app.add_directive("nemo-throughput-settings", SettingsTable)
     app.add_directive("nemo-throughput-schema", SchemaTables)
