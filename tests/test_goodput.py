@@ -31,6 +31,7 @@ def train(out, *args, **popen):
 
 
 @pytest.mark.slow
+@pytest.mark.invalid_summaries  # one hand-edited summary, refused by the report
 def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_run_of_two_segments(tmp_path):
     out = tmp_path / "run"
     returncode, output = train(out, "--kill-at", KILL_AT)
@@ -80,6 +81,15 @@ def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_run_of_two_segments
                    "wall_h": goodput["wall_s"] / 3600, "goodput_pct": goodput["goodput_pct"],
                    **{f"{category}_h": seconds[category] / 3600 for category in CATEGORIES}}
     assert "only completed runs are reported" in report.stderr  # the killed segment's own summary
+
+    # A hand-edited section is refused, naming the file and the field, not taken (nor a traceback).
+    hostile = first_summary | {"goodput": {**summary["goodput"], "wall_s": "1e9", "run_id": "edited"}}
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "edited" / "summary.json").write_text(json.dumps(hostile))
+    report = nemo_throughput_cli("report", out, tmp_path / "edited", "--format", "json")
+    assert [row["run_id"] for row in json.loads(report.stdout)["goodput"]] == [goodput["run_id"]]
+    assert "excluded from goodput: " in report.stderr and "goodput.wall_s" in report.stderr
+    assert "Traceback" not in report.stderr
 
 
 def segment(directory, first, last, seconds, checkpoints=(), started=0.0, run_id="r1", key=None):

@@ -138,10 +138,11 @@ def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | 
 
 
 def _goodput(path: Path) -> dict | None:
-    """A summary's goodput section, whatever its status (unreadable ones are listed by _load_runs)."""
+    """A summary's goodput section, whatever its status; a summary that breaks the schema is said so."""
     try:
         return read_goodput(path)
-    except ReportError:
+    except ReportError as error:
+        say(f"excluded from goodput: {error}")
         return None
 
 

@@ -6,7 +6,6 @@ from typing import Any
 
 from nemo_throughput.goodput import CATEGORIES
 
-GOODPUT_TITLE = "Goodput (hours by category; a run of several segments counts its lost steps and restarts)"
 GOODPUT_FIELDS = ("run_id", "segments", "steps_last", "steps_lost", "wall_h", "goodput_pct",
                   *(f"{category}_h" for category in CATEGORIES))
 
@@ -28,11 +27,3 @@ def goodput_records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "steps_lost": run["steps"]["lost"], "wall_h": run["wall_s"] / 3600, "goodput_pct": run["goodput_pct"],
              **{f"{category}_h": run["seconds"].get(category, 0.0) / 3600 for category in CATEGORIES}}
             for run in runs]
-
-
-def goodput_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    header = ["run", "segments", "last step", "lost steps", "wall h", "goodput", *(f"{c} h" for c in CATEGORIES)]
-    rows = [[r["run_id"], str(r["segments"]), str(r["steps_last"]), str(r["steps_lost"]), f"{r['wall_h']:.4g}",
-             "n/a" if r["goodput_pct"] is None else f"{r['goodput_pct']:.1f} %",
-             *(f"{r[f'{c}_h']:.4g}" for c in CATEGORIES)] for r in goodput_records(runs)]
-    return header, rows

@@ -9,7 +9,8 @@ import json
 from collections.abc import Collection
 from typing import Any
 
-from nemo_throughput.report.goodput import GOODPUT_FIELDS, GOODPUT_TITLE, goodput_records, goodput_rows
+from nemo_throughput.goodput import CATEGORIES
+from nemo_throughput.report.goodput import GOODPUT_FIELDS, goodput_records
 from nemo_throughput.report.grouping import (
     PHASE_FIELDS,
     PROBE_FIELDS,
@@ -207,7 +208,7 @@ def render(report: Report, fmt: str) -> str:
     if report.time_to_train:
         parts += [TIME_TO_TRAIN_TITLE, table(*_time_to_train_rows(report.time_to_train))]
     if report.goodput:
-        parts += [GOODPUT_TITLE, table(*goodput_rows(report.goodput))]
+        parts += [GOODPUT_TITLE, table(*_goodput_rows(report.goodput))]
     return "\n\n".join(parts) + "\n"
 
 
@@ -263,6 +264,17 @@ def _render_csv(report: Report) -> str:
         for record in records:
             writer.writerow([csv_cell(record[f]) for f in fields])
     return out.getvalue()
+
+
+GOODPUT_TITLE = "Goodput (hours by category; a run of several segments counts its lost steps and restarts)"
+
+
+def _goodput_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    header = ["run", "segments", "last step", "lost steps", "wall h", "goodput", *(f"{c} h" for c in CATEGORIES)]
+    rows = [[r["run_id"], str(r["segments"]), str(r["steps_last"]), str(r["steps_lost"]), _number(r["wall_h"], ".4g"),
+             _percent(None if r["goodput_pct"] is None else r["goodput_pct"] / 100),
+             *(_number(r[f"{c}_h"], ".4g") for c in CATEGORIES)] for r in goodput_records(runs)]
+    return header, rows
 
 
 TIME_TO_TRAIN_TITLE = "Time to train (minutes, run_start to run_stop; olympic average as MLPerf scores it)"

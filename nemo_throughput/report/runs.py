@@ -153,10 +153,11 @@ def _counted(fields: Fields) -> CountedStep | None:
 
 
 def read_goodput(path: Path) -> dict[str, Any] | None:
-    """A summary's goodput section (any status: a killed segment's counts too), None without one."""
+    """A summary's goodput section (any status: a killed segment's counts too), None without one;
+    ReportError, naming the file and the field, when the summary breaks the schema."""
     summary = _read(path)
-    goodput = summary.get("goodput") if isinstance(summary, dict) else None
-    return goodput if isinstance(goodput, dict) and isinstance(goodput.get("run_id"), str) else None
+    with _checked_against_the_schema(path, summary):
+        return summary.get("goodput")
 
 
 def _unit(fields: Fields) -> str:
