@@ -288,32 +288,40 @@ def test_the_dtype_follows_bridge_mixed_precision_and_the_vocabulary_the_provide
         assert summary["model"]["spec"]["vocab_size"] == 1000  # should_pad_vocab off: the logits are 1000 wide
 
 
-def _two_rank_worker(rank, port, output_dir, results):
+def on_two_gloo_ranks(worker, tmp_path):
+    """``worker(rank, output_dir)`` in two spawned processes of a real gloo group; what each returned, by rank."""
+    results = mp.Manager().dict()
+    mp.start_processes(_in_gloo_group, args=(worker, free_port(), str(tmp_path / "out"), results), nprocs=2,
+                       start_method="spawn", join=True)
+    return results
+
+
+def _in_gloo_group(rank, worker, port, output_dir, results):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    results[rank] = worker(rank, output_dir)
+    dist.destroy_process_group()
+
+
+def _slow_rank_worker(rank, output_dir):
     callback = ThroughputCallback(output_dir=output_dir, log_every_n_steps=3, warmup_steps=1)
     # Rank 1 is ten times slower on purpose: the straggler must be named.
     run_bridge_loop(llama_like_config(tensor_parallel=2, steps=9), callback, skipped=(5,),
                     slow_s=0.05 if rank == 1 else 0.005)
-    results[rank] = callback.summary_path
-    dist.destroy_process_group()
+    return callback.summary_path
 
 
-def _two_packing_ranks_worker(rank, port, output_dir, results):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def _packing_worker(rank, output_dir):
     callback = ThroughputCallback(output_dir=output_dir, log_every_n_steps=2, warmup_steps=1)
     cfg = llama_like_config(steps=4)
     cfg.train.global_batch_size, cfg.train.micro_batch_size = 4, 1  # 2 data-parallel ranks x 2 micro-batches
     cfg.dataset = types.SimpleNamespace(enable_offline_packing=True, enable_in_batch_packing=False)
     run_bridge_loop(cfg, callback, packs=lambda step: RANK_PACKS[rank])
-    results[rank] = callback.summary_path
-    dist.destroy_process_group()
+    return callback.summary_path
 
 
 @pytest.mark.slow
 def test_two_data_parallel_ranks_packing_differently_add_up(tmp_path):
-    results = mp.Manager().dict()
-    mp.start_processes(_two_packing_ranks_worker, args=(free_port(), str(tmp_path / "out"), results), nprocs=2,
-                       start_method="spawn", join=True)
+    results = on_two_gloo_ranks(_packing_worker, tmp_path)
     counted = read_json(results[0])["batch"]["counted"]
     assert counted["slots_per_step"] == 4 * 64
     assert counted["seqlen_sq_per_step"] == (100 + 400 + 64 * 64) + (900 + 3 * 25)
@@ -321,9 +329,7 @@ def test_two_data_parallel_ranks_packing_differently_add_up(tmp_path):
 
 @pytest.mark.slow
 def test_two_ranks_in_a_real_gloo_group_name_the_slow_rank_and_agree_on_skipped_steps(tmp_path):
-    results = mp.Manager().dict()
-    mp.start_processes(_two_rank_worker, args=(free_port(), str(tmp_path / "out"), results), nprocs=2,
-                       start_method="spawn", join=True)
+    results = on_two_gloo_ranks(_slow_rank_worker, tmp_path)
     summary = json.loads(open(results[0]).read())
     assert summary["status"] == "completed" and summary["end"]["all_steps_exchanged"]
     assert summary["hardware"]["num_gpus"] == 2
@@ -354,23 +360,19 @@ def test_a_target_with_stop_ends_bridge_training_there_as_a_normal_end(tmp_path)
     assert cfg.train.train_iters == 2
 
 
-def _stop_worker(rank, port, output_dir, results):
+def _stop_worker(rank, output_dir):
     """Only the last pipeline stage has the loss (rank 1 here): the other rank must stop with it."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     callback = ThroughputCallback(output_dir=output_dir, log_every_n_steps=2, warmup_steps=1,
                                   target={"metric": "lm loss", "value": 1e9, "mode": "min", "stop": True})
     cfg = llama_like_config(steps=10)
     cfg.model.pipeline_model_parallel_size = 2
     run_bridge_loop(cfg, callback, eval_at=(99,), losses_on_this_rank=rank == 1)
-    results[rank] = (cfg.train.train_iters, callback.summary_path)
-    dist.destroy_process_group()
+    return cfg.train.train_iters, callback.summary_path
 
 
 @pytest.mark.slow
 def test_a_stop_seen_on_one_rank_stops_every_rank_in_a_real_gloo_group(tmp_path):
-    results = mp.Manager().dict()
-    mp.start_processes(_stop_worker, args=(free_port(), str(tmp_path / "out"), results), nprocs=2,
-                       start_method="spawn", join=True)
+    results = on_two_gloo_ranks(_stop_worker, tmp_path)
     assert results[0][0] == results[1][0] == 2
     summary = json.loads(open(results[0][1]).read())
     assert summary["status"] == "completed" and summary["timing"]["last_step"] == 2
