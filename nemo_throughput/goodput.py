@@ -164,8 +164,9 @@ def read_ledger(path: str | os.PathLike) -> Segment | None:
         identity = json.loads(data[_IDENTITY_AT:].decode().strip() or "null")
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(identity, dict) or numbers[_FIRST_STEP] < 0:
-        return None
+    if not (isinstance(identity, dict) and all(isinstance(identity.get(k), str) for k in ("run_id", "root"))
+            and numbers[_FIRST_STEP] >= 0):
+        return None  # not one of ours (written by hand, or cut short), or its training never started
     saved = int(numbers[_SAVED])
     slots = range(max(saved - _CHECKPOINTS, 0), saved)
     checkpoints = [(int(numbers[_RING + 3 * (i % _CHECKPOINTS)]), numbers[_RING + 3 * (i % _CHECKPOINTS) + 1],

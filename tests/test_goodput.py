@@ -152,3 +152,15 @@ def test_only_a_resumed_or_restarted_segment_continues_an_earlier_one(tmp_path):
     assert previous_segment(tmp_path, own, None, restarts=0, first_step=5).run_id == "first"
     assert previous_segment(tmp_path, own, None, restarts=0, first_step=9) is None  # trained past nothing it has
     assert previous_segment(tmp_path, own, "slurm::7", restarts=1, first_step=0) is None  # another job's
+
+
+def test_a_ledger_that_is_not_ours_or_cut_short_is_not_a_segment(tmp_path):
+    from nemo_throughput.goodput import Ledger
+
+    (tmp_path / LEDGER_FILE).write_bytes(b"NTGOODPT" + b"\xff" * 100)  # cut short
+    assert read_ledger(tmp_path / LEDGER_FILE) is None
+    ledger = Ledger(tmp_path)
+    ledger.start_training(3, {"run_id": 7, "root": str(tmp_path)})  # an identity not written by a run
+    ledger.close()
+    assert read_ledger(tmp_path / LEDGER_FILE) is None
+    assert previous_segment(tmp_path, tmp_path / "other", None, restarts=0, first_step=3) is None
