@@ -2,9 +2,9 @@
 emulated node, all in a private directory, as root, without systemd or cgroups (docs/contributing/testing.md).
 
 Nodes share NodeAddr 127.0.0.1 on distinct ports; their names resolve through /etc/hosts. Each
-node has fake GPUs (character devices like /dev/null) so that `--gpus-per-node` is real GRES. A
-requeued job starts again within seconds: Slurm holds it until its credentials expire (here 5 s,
-not 120) and schedules it at the scheduler's next pass (every 2 s, not 60).
+node has fake GPUs (character devices like /dev/null) so that `--gpus-per-node` is real GRES. The
+scheduler passes every 2 s (not 60), so that a job whose start time is moved (`release_requeued`)
+starts within seconds.
 """
 
 from __future__ import annotations
@@ -84,6 +84,19 @@ class LocalSlurmCluster:
             time.sleep(0.5)
         raise TimeoutError(f"job {job_id} still in the queue after {timeout_s} s:\n{self.logs()}")
 
+    def release_requeued(self, job_id: str, timeout_s: float = 120) -> None:
+        """Start a requeued job now. Slurm holds one until its job credentials expire (cred_expire,
+        120 s); a shorter lifetime for every job risks "Job credential replayed/expired" on this loaded
+        host. Moved a whole second after the requeue (not within the second of it, when its new
+        credentials would fall in the revoked ones' second and the job fail)."""
+        deadline = time.monotonic() + timeout_s
+        while "JobState=PENDING" not in self.scontrol("show", "job", job_id, "-o", check=False).stdout:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} was not requeued within {timeout_s} s:\n{self.logs()}")
+            time.sleep(0.2)
+        time.sleep(2)
+        self.scontrol("update", f"jobid={job_id}", "StartTime=now")
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))
 
@@ -130,7 +143,7 @@ ClusterName=nemo-throughput-test
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={free_port()}
 AuthType=auth/munge
-AuthInfo=socket={self.munge_socket},cred_expire=5
+AuthInfo=socket={self.munge_socket}
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={self.root / 'state'}

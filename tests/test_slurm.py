@@ -156,6 +156,7 @@ srun {sys.executable} {Path(__file__).parent / 'scripts' / 'train_tiny.py'} --ou
         assert time.monotonic() < deadline, (tmp_path / "job.out").read_text() + cluster.logs()
         time.sleep(0.2)
     cluster.scontrol("requeue", job_id)
+    cluster.release_requeued(job_id)
     state = cluster.wait_for_job(job_id, timeout_s=300)
     assert state == "COMPLETED", (tmp_path / "job.out").read_text() + cluster.logs()
 
