@@ -607,11 +607,17 @@ class Measurement:
 
     def _update_summary(self) -> None:
         """Rewrite the running summary, in the background (rank 0); _finish writes the final one.
-        Every rank keeps it, consistent as of this log step, for the SIGTERM watch to write."""
+        Every rank keeps it, consistent as of this log step, for the SIGTERM watch to write. After
+        SIGTERM an interval still being reported is written marked interrupted, as the watch's write
+        was: a `running` one would replace that, and stay if the process is then killed."""
         summary = self._summary("running")
         self._snapshot = (self._absorbed_through(), summary)
-        if self.rank == 0:
-            self._summary_file.update(summary)
+        with self._write_lock or contextlib.nullcontext():  # the watch checks and writes under it too
+            received = self._sigterm is not None and self._sigterm.received
+            if self.rank == 0 and not received and not self._done:
+                self._summary_file.update(summary)
+        if received:
+            self._write_at_sigterm()
 
 
 class MeasurementView:
