@@ -11,7 +11,8 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
   summary), environment and redact (where a run ran, secrets left out), target (time to target),
   batches (a batch's layout; packed and padded batches counted), goodput (a segment's ledger, the
   run's goodput across restarts), signals (SIGTERM), background (the reporting thread),
-  progress (an interval's live line and steps.jsonl rows), outputs (where commands write), presets
+  progress (an interval's live line, the loggers' metrics and steps.jsonl rows), prometheus (the
+  live /metrics endpoint), outputs (where commands write), presets
   (named model shapes); explain/ (run, telemetry, telemetry_stats, network, profiler, probe: why the
   numbers are what they are); run_facts (a run's facts, worked out at set-up) and measurement (a
   run's life cycle), which every adapter drives.

@@ -85,6 +85,11 @@ class ThroughputConfig:
     `metric` is a key of `trainer.callback_metrics` (what `self.log` logs); the clock runs from set-up."""
     mllog: bool = False
     """Also write MLPerf `:::MLLOG` lines (needs `target` and `pip install 'nemo-throughput[mlperf]'`)."""
+    prometheus: Mapping[str, Any] | None = None
+    """Serve live metrics at `http://<addr>:<port>/metrics` from rank 0: `{port, addr, linger_s}` (`addr`
+    default `0.0.0.0`; `linger_s`: keep serving that long after the run ends, for a last scrape). Default:
+    on when `$NEMO_THROUGHPUT_PROMETHEUS_PORT` is set, on that port. Needs
+    `pip install 'nemo-throughput[prometheus]'`; a port already taken is a warning, and training goes on."""
 
     def __post_init__(self) -> None:
         # Every field is checked for its type too: Hydra hands `peak_tflops=abc` over as a string
@@ -123,6 +128,7 @@ class ThroughputConfig:
         self.profile_trace_ranks = _checked_ranks(self.profile_trace_ranks)
         self.model_spec = _checked_model_spec(self.model_spec)
         self.target = checked_target(self.target)
+        self.prometheus = checked_prometheus(self.prometheus)
         if self.mllog and self.target is None:
             raise ValueError("mllog: true writes MLPerf's run_start/run_stop around a time to target: set target "
                              "too, e.g. target={metric: val_loss, value: 2.5, mode: min}")
@@ -227,6 +233,26 @@ def _checked_model_spec(value: Any) -> dict[str, Any] | None:
                          "+callbacks.throughput.model_spec.num_layers=2")
     ModelSpec.check_fields(value)
     return dict(value)
+
+
+def checked_prometheus(value: Any) -> dict[str, Any] | None:
+    """The ``prometheus`` setting as a plain dict {port, addr, linger_s}; None when not set."""
+    if value is None:
+        return None
+    example = "with Hydra: +callbacks.throughput.prometheus={port:9464}"
+    if not isinstance(value, Mapping):
+        raise ValueError(f"prometheus must be a mapping {{port, addr, linger_s}}, got {value!r}; {example}")
+    unknown = sorted(set(value) - {"port", "addr", "linger_s"})
+    if unknown or "port" not in value:
+        raise ValueError(f"prometheus needs port (and may have addr, linger_s); got unknown {unknown}; {example}")
+    port, addr, linger_s = value["port"], value.get("addr", "0.0.0.0"), value.get("linger_s", 0.0)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"prometheus.port must be a TCP port (0-65535; 0: any free one), got {port!r}")
+    if not isinstance(addr, str) or not addr:
+        raise ValueError(f"prometheus.addr must be the address to listen on (e.g. 0.0.0.0), got {addr!r}")
+    if isinstance(linger_s, bool) or not isinstance(linger_s, (int, float)) or not 0 <= linger_s < math.inf:
+        raise ValueError(f"prometheus.linger_s must be seconds >= 0, got {linger_s!r}")
+    return {"port": port, "addr": addr, "linger_s": float(linger_s)}
 
 
 def _check_text(name: str, value: Any) -> None:

@@ -22,6 +22,7 @@ ENV_OUTPUT_DIR = "NEMO_THROUGHPUT_OUTPUT_DIR"  # where the summary goes (per job
 ENV_RUN_LABEL = "NEMO_THROUGHPUT_RUN_LABEL"  # run.label, e.g. bare-metal or kubernetes
 ENV_IMAGE = "NEMO_THROUGHPUT_IMAGE"  # the container image the job runs in
 ENV_REPEAT = "NEMO_THROUGHPUT_REPEAT"  # which of --repeat K identical runs this is
+ENV_PROMETHEUS_PORT = "NEMO_THROUGHPUT_PROMETHEUS_PORT"  # serve live metrics on this port (the prometheus setting)
 
 _PACKAGES = ("torch", "lightning", "pytorch-lightning", "nemo-toolkit", "megatron-core", "nemo-run",
              "transformer-engine", "hydra-core", "nemo-throughput")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 from collections import deque
@@ -41,6 +42,7 @@ from nemo_throughput.flops import FORMULAS, MEASURED, flops_terms
 from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger, RunGoodput
 from nemo_throughput.measured_flops import StepFlopCounter, flops_per_sample
 from nemo_throughput.progress import format_interval, logger_metrics, step_rows
+from nemo_throughput.prometheus import PrometheusEndpoint, job_id, prometheus_setting
 from nemo_throughput.run_facts import claim_output_dir_on_rank_zero, mfu_above_peak_warning
 from nemo_throughput.signals import SigtermWatch
 from nemo_throughput.summary import (
@@ -78,6 +80,11 @@ class Measurement:
         self.rank = 0
         self._device: torch.device | None = None
         self._log_metrics: MetricsSink | None = None
+        self._log_rank = 0  # the rank whose loggers get the metrics (the framework's: Lightning's 0)
+        self._endpoint: PrometheusEndpoint | None = None  # rank 0, where asked for
+        # The run's goodput % so far: rank 0's (its ledger), sent with each log step's all-gather (NaN:
+        # none yet), and as every rank last received it (for the loggers, which may live on another rank).
+        self._goodput_pct, self._received_goodput_pct = math.nan, math.nan
         self._summary_file: SummaryFile | None = None
         self._timer: StepTimer | None = None
         self._exchange: Exchange | None = None
@@ -122,10 +129,11 @@ class Measurement:
 
     # ----------------------------------------------------------------------- set-up
     def set_up(self, facts: RunFacts, device: torch.device, rank: int, records: list[dict[str, Any]],
-               requested_dir: str, log_metrics: MetricsSink | None = None) -> None:
+               requested_dir: str, log_metrics: MetricsSink | None = None, log_rank: int = 0) -> None:
         """Claim the output directory (every rank learns the outcome) and start the run clock.
-        ``requested_dir`` is the adapter's default, used when no output_dir setting or variable is set."""
-        self.rank, self._device, self._log_metrics = rank, device, log_metrics
+        ``requested_dir`` is the adapter's default, used when no output_dir setting or variable is set;
+        ``log_metrics``, called on ``log_rank`` (where the framework's loggers live), logs each interval."""
+        self.rank, self._device, self._log_metrics, self._log_rank = rank, device, log_metrics, log_rank
         requested = self.config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR) or requested_dir
         # Checked now, not when the summary is first written at the end of hours of training.
         self.output_dir, facts.run_id = claim_output_dir_on_rank_zero(rank, requested, facts)
@@ -141,8 +149,27 @@ class Measurement:
         self.facts = facts
         backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
         self._explain = RunExplanation(self.config, device, rank, facts.places, self.output_dir, records, backend)
-        self._exchange = Exchange(extras_width=self._explain.width)
+        self._exchange = Exchange(extras_width=self._explain.width + 1)  # and the goodput %
         self._start_run_clock()
+        if rank == 0:
+            self._start_endpoint()
+
+    def _start_endpoint(self) -> None:
+        """Rank 0: serve live metrics where the prometheus setting (or its variable) asks for them."""
+        setting = prometheus_setting(self.config.prometheus, os.environ)
+        if setting is None:
+            return
+        facts = self.facts
+        labels = {"run": facts.name, "run_id": facts.run_id, "label": facts.label or "",
+                  "model": facts.model_name or "", "job_id": job_id(os.environ)}
+        try:
+            endpoint = PrometheusEndpoint(setting, labels)
+        except ImportError:
+            log.warning("nemo-throughput: no Prometheus endpoint: prometheus-client is not installed "
+                        "(pip install 'nemo-throughput[prometheus]'). Training goes on.")
+            return
+        if endpoint.serve():
+            self._endpoint = endpoint
 
     def _start_run_clock(self) -> None:
         """MLPerf's run_start: after set-up, before any data is touched."""
@@ -285,7 +312,7 @@ class Measurement:
             return None
         vote = self._check_target(metrics, step, after_validation=False)
         # Steps up to the previous one: their marks are at least one step old.
-        steps, extras = self._timer.collect(step - 1), self._explain.sample(step)
+        steps, extras = self._timer.collect(step - 1), self._sample(step)
         finished, self._in_flight = self._in_flight, self._exchange.start(steps, extras)
         if finished is not None:
             received = finished.received()  # waits here; splitting runs on the reporting thread
@@ -468,13 +495,12 @@ class Measurement:
         if wait_for_device:  # else the device may be stuck: leave an open profile window as it is
             self._explain.close()
         pending = self._timer.collect(wait=wait_for_device)
-        extras = self._explain.sample(self._last_step)
-        final = self._exchange.finish(pending, self._absorbed_through(), interrupted, extras)
+        final = self._exchange.finish(pending, self._absorbed_through(), interrupted, self._sample(self._last_step))
+        if final.extras is not None:
+            self._absorb_extras(final.extras)
         for interval in final.intervals():
             self._absorb(interval)
         self._log_pending()
-        if final.extras is not None:
-            self._explain.absorb(final.extras, measured=self.stats.is_measured(self._last_step))
         if final.missing is not None:
             log.warning("nemo-throughput: the summary lacks %s.", final.missing)
         return final
@@ -482,26 +508,47 @@ class Measurement:
     def _absorbed_through(self) -> int:
         return self.stats.last_step if self.stats.last_step is not None else self.stats.start_step
 
+    def _sample(self, step: int) -> list[float]:
+        """This rank's vector for the log step's all-gather: the explanation's, then the goodput %."""
+        return [*self._explain.sample(step), self._goodput_pct]
+
+    def _absorb_extras(self, extras: torch.Tensor) -> None:
+        """Every rank's vectors of one log step (:meth:`_sample`): rank 0's goodput %, the explanation's."""
+        self._received_goodput_pct = float(extras[0, -1])
+        sampled_at = extras[0, 0]
+        if not math.isnan(sampled_at):  # NaN: not sent (a final exchange that did not complete)
+            self._explain.absorb(extras[:, :-1], measured=self.stats.is_measured(int(sampled_at)))
+
     def _absorb(self, steps: torch.Tensor, extras: torch.Tensor | None = None) -> None:
         interval = self.stats.add(steps)
         if extras is not None:
-            sampled_at = int(extras[0, 0])
-            self._explain.absorb(extras, measured=self.stats.is_measured(sampled_at))
-        if interval is None or self.rank != 0:
+            self._absorb_extras(extras)
+        if interval is None or self.rank not in (0, self._log_rank):
             return
         workload = self._workload()
         metrics = workload.metrics(interval.step_time_s)
+        logged = logger_metrics(interval, metrics, self._run_figures(workload))
+        if self.rank == self._log_rank and self._log_metrics is not None:
+            self._to_log.append((logged, interval.last_step))
+        if self.rank != 0:
+            return
         log.info(format_interval(interval, metrics))
         if metrics["mfu_above_peak"] is not None and not self._warned_above_peak:
             self._warned_above_peak = True
             log.warning(mfu_above_peak_warning(self.facts, metrics["mfu_above_peak"]))
-        if self._log_metrics is not None:
-            straggler, counted = self.stats.straggler(), workload.counted
-            run = {"straggler_excess_pct": straggler["excess_pct"] if straggler else None,
-                   "padding_share": counted.padding_share if counted else None}
-            self._to_log.append((logger_metrics(interval, metrics, run), interval.last_step))
+        if self._endpoint is not None:
+            self._endpoint.interval(logged, interval.measured_step_s, self._explain.latest_telemetry,
+                                    self.facts.places)
         if self.facts.steps_jsonl and self.facts.steps_jsonl["complete"]:
             self._append_steps(steps)
+
+    def _run_figures(self, workload: Workload) -> dict[str, float | None]:
+        """The loggers' figures of the run so far: straggler, padding, telemetry, energy, goodput."""
+        straggler, counted = self.stats.straggler(), workload.counted
+        return {"straggler_excess_pct": straggler["excess_pct"] if straggler else None,
+                "padding_share": counted.padding_share if counted else None,
+                "goodput_pct": None if math.isnan(self._received_goodput_pct) else self._received_goodput_pct,
+                **self._explain.live(workload.step_tokens)}
 
     def _append_steps(self, steps: torch.Tensor) -> None:
         """One interval's rows, all or none; after a failure (a full disk) the file stops, marked
@@ -524,6 +571,7 @@ class Measurement:
             if self.rank == 0:
                 self._summary_file.close(summary)
                 log.info("nemo-throughput: %s run summary written to %s", status, printable(self.summary_path))
+                self._close_endpoint(summary)
             elif missing is None:  # the final exchange completed: rank 0 has every step this rank has
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self.rank_summary_path)
@@ -537,6 +585,14 @@ class Measurement:
         if self._ledger is not None:
             self._ledger.close()
             self._goodput = self._ledger = None
+
+    def _close_endpoint(self, summary: dict[str, Any]) -> None:
+        """Rank 0: the final figures, served ``linger_s`` longer (not after SIGTERM: the kill follows)."""
+        if self._endpoint is not None:
+            self._endpoint.summary(summary)
+            received = self._sigterm is not None and self._sigterm.received
+            self._endpoint.close(linger_s=0.0 if received else self._endpoint.setting["linger_s"])
+            self._endpoint = None
 
     def _write_at_sigterm(self) -> None:
         """On the SIGTERM watch's thread: the last summary the training thread built (a consistent
@@ -555,6 +611,8 @@ class Measurement:
                 return  # the final one is written; never replace it with an older one
             if self.rank == 0:
                 self._summary_file.update(summary)
+                if self._endpoint is not None:
+                    self._endpoint.summary(summary)
             else:
                 self._write_rank_file(summary, durable=False)
 
@@ -571,9 +629,11 @@ class Measurement:
         workload = self._workload()
         explained = self._explain.sections(workload.step_tokens, final=final and self.rank == 0)
         clock = self.time_to_target.section() if self.time_to_target is not None else None
+        goodput = self._goodput.section() if self._goodput is not None else None
+        if goodput is not None and goodput["goodput_pct"] is not None:
+            self._goodput_pct = goodput["goodput_pct"]  # sent to every rank with the next log step's exchange
         return build_summary(self.facts, self.stats, status, error, explained, time_to_target=clock,
-                             counted=workload.counted,
-                             goodput=self._goodput.section() if self._goodput is not None else None)
+                             counted=workload.counted, goodput=goodput)
 
     def _workload(self) -> Workload:
         """The facts' workload, with the steps' counted batches where they were counted."""
@@ -616,6 +676,8 @@ class Measurement:
             received = self._sigterm is not None and self._sigterm.received
             if self.rank == 0 and not received and not self._done:
                 self._summary_file.update(summary)
+                if self._endpoint is not None:
+                    self._endpoint.summary(summary)
         if received:
             self._write_at_sigterm()
 

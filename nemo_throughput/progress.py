@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import torch
 
 from nemo_throughput.aggregation import Interval, RunStats, step_times
+from nemo_throughput.explain.telemetry import SLOWDOWN_REASONS
 from nemo_throughput.timing import StepTimes
 
 
@@ -17,6 +18,11 @@ class LoggedMetric(NamedTuple):
     key: str
     unit: str
     meaning: str
+
+
+def _over_ranks(key: str, unit: str, what: str) -> tuple[LoggedMetric, ...]:
+    return tuple(LoggedMetric(f"{key}_{stat}", unit, f"{what}: {stat} over ranks")
+                 for stat in ("min", "median", "max"))
 
 
 LOGGED_METRICS = (
@@ -36,17 +42,55 @@ LOGGED_METRICS = (
     LoggedMetric("backward_s", "s", "backward and gradient reduction, mean over the interval's steps and ranks"),
     LoggedMetric("optimizer_s", "s", "optimizer step, mean over the interval's steps and ranks"),
     LoggedMetric("padding_share", "fraction", "of the token slots, where packed or padded batches are counted"),
+    LoggedMetric("goodput_pct", "%", "the run's goodput so far (productive step time / wall time, across its "
+                 "restarts), as of the previous log step"),
 )
+# From each rank's device telemetry (explain.telemetry): absent where the device has none (a CPU).
+TELEMETRY_METRICS = (
+    *_over_ranks("memory_reserved_gib", "GiB", "the allocator's reserved peak so far, at the latest log step"),
+    *_over_ranks("power_w", "W", "board power at the latest log step (NVML)"),
+    *_over_ranks("sm_clock_mhz", "MHz", "SM clock at the latest log step (NVML)"),
+    LoggedMetric("throttled_ranks", "ranks", "ranks whose clocks a power cap or a thermal or hardware slowdown "
+                 "lowered at the latest log step (NVML clocks-event reasons)"),
+    LoggedMetric("joules_per_token", "J/token", "the run's energy so far (NVML energy counters of every GPU) "
+                 "per token"),
+    LoggedMetric("tokens_per_kwh", "tokens/kWh", "the inverse of joules_per_token, in tokens per kilowatt-hour"),
+)
+LOGGED_METRICS += TELEMETRY_METRICS
+LOGGED_KEYS = tuple(metric.key for metric in LOGGED_METRICS)
+TELEMETRY_KEYS = frozenset(metric.key for metric in TELEMETRY_METRICS)
 
 
 def logger_metrics(interval: Interval, metrics: dict[str, float | None],
                    run: dict[str, float | None]) -> dict[str, float]:
     """The loggers' metrics of an interval: ``metrics`` (throughput.Workload.metrics), the interval's
-    own figures and ``run``'s (straggler_excess_pct, padding_share); keys of LOGGED_METRICS, under
-    ``throughput/``, those with no value left out."""
+    own figures and ``run``'s (straggler, padding, telemetry, energy, goodput: the keys of the run
+    so far); keys of LOGGED_METRICS, under ``throughput/``, those with no value left out."""
     values = {**metrics, "step_time_s": interval.step_time_s, "slowest_rank": interval.slowest_rank,
               **interval.phases_s, **run}
-    return {f"throughput/{m.key}": float(values[m.key]) for m in LOGGED_METRICS if values.get(m.key) is not None}
+    return {f"throughput/{key}": float(values[key]) for key in LOGGED_KEYS if values.get(key) is not None}
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The same keys (without ``throughput/``) for the whole run as its summary gives them: the
+    measured steps' rates and means, the straggler, the telemetry over ranks, energy and goodput."""
+    timing, telemetry = summary["timing"], summary.get("telemetry") or {}
+    device, memory = telemetry.get("device") or {}, telemetry.get("memory") or {}
+    straggler, counted = timing.get("straggler") or {}, summary["batch"].get("counted") or {}
+    values: dict[str, Any] = {key: summary["throughput"].get(key) for key in LOGGED_KEYS}
+    values.update(step_time_s=(timing["step_time_s"] or {}).get("mean"), slowest_rank=timing.get("slowest_rank"),
+                  straggler_excess_pct=straggler.get("excess_pct"), padding_share=counted.get("padding_share"),
+                  goodput_pct=(summary.get("goodput") or {}).get("goodput_pct"),
+                  **{f"{phase}_s": (timing.get("breakdown_s") or {}).get(phase)
+                     for phase in ("data", "forward", "backward", "optimizer")},
+                  **{key: (telemetry.get("energy") or {}).get(key) for key in ("joules_per_token", "tokens_per_kwh")})
+    for key, stats in (("memory_reserved_gib", memory.get("peak_reserved_gib")), ("power_w", device.get("power_w")),
+                       ("sm_clock_mhz", device.get("sm_clock_mhz"))):
+        values.update({f"{key}_{stat}": (stats or {}).get(stat) for stat in ("min", "median", "max")})
+    throttled = {rank for reason, ranks in (device.get("throttle_reasons") or {}).items()
+                 if reason in SLOWDOWN_REASONS for rank in ranks}
+    values["throttled_ranks"] = len(throttled) if device else None
+    return {key: float(value) for key, value in values.items() if value is not None}
 
 
 def format_interval(interval: Interval, metrics: dict[str, float | None]) -> str:

@@ -53,6 +53,7 @@ class Interval:
     left_out: int = 0  # steps of it not counted (warm-up, profiled, skipped)
     left_out_reasons: tuple[str, ...] = ()  # why, in words ("warm-up", "profiled", "skipped")
     phases_s: dict[str, float | None] = field(default_factory=dict)  # PHASE_TIMES: means over its steps and ranks
+    measured_step_s: tuple[float, ...] = ()  # the global time of each of its steps the statistics take
 
 
 class RunStats:
@@ -151,6 +152,7 @@ class RunStats:
             left_out_reasons=tuple(word for word, test in reasons if any(test(n) for n in not_counted)),
             phases_s={name: _mean_observed([rank[i][_TOTALS.index(name)] for rank in values for i in shown])
                       for name in PHASE_TIMES},
+            measured_step_s=tuple(seconds for seconds, kept in zip(global_s, keep, strict=True) if kept),
         )
 
     @property

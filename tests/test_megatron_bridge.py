@@ -93,6 +93,11 @@ class TrainState:
 class GlobalState:
     cfg: ConfigContainer
     train_state: TrainState = field(default_factory=TrainState)
+    # Bridge's writers: properties there, each made on the last rank when cfg.logger configures it, else None.
+    tensorboard_logger: Any = None
+    wandb_logger: Any = None
+    mlflow_logger: Any = None
+    comet_logger: Any = None
 
 
 def llama_like_config(tensor_parallel=1, mixed_precision="bf16_mixed", steps=10, pad_vocab=True):
@@ -104,16 +109,18 @@ def llama_like_config(tensor_parallel=1, mixed_precision="bf16_mixed", steps=10,
                            mixed_precision=mixed_precision)
 
 
-def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0, losses_on_this_rank=True, packs=None):
+def run_bridge_loop(cfg, callback, skipped=(), eval_at=(), slow_s=0.0, losses_on_this_rank=True, packs=None,
+                    writers=None):
     """Bridge's train loop's callback points (train.py) around a real tiny model and optimizer;
     ``losses_on_this_rank`` False: an empty loss_dict, as on a pipeline stage before the last;
     ``packs(step)``: the step's packed micro-batches, accumulated on the state by Bridge's own
-    accumulate_flops_metadata as its forward step does, after train.py resets the accumulators."""
+    accumulate_flops_metadata as its forward step does, after train.py resets the accumulators;
+    ``writers``: GlobalState's writers on this rank (tensorboard_logger, ...)."""
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     manager = CallbackManager()
     manager.add(callback)
-    state = GlobalState(cfg)
+    state = GlobalState(cfg, **(writers or {}))
 
     def context(**fields):
         return CallbackContext(state=state, model=[model], user_state=manager.user_state, optimizer=optimizer,

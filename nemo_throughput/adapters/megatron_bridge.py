@@ -13,7 +13,11 @@ from ``cfg.mixed_precision`` (an fp8 recipe counts as fp8), the step from ``stat
 
 Bridge has no event inside a step: a step is timed from the end of the previous one to
 ``on_train_step_end`` (one clock mark per event), with the data wait up to
-``on_train_step_start``; forward/backward/optimizer phases stay null. An iteration Bridge skipped
+``on_train_step_start``; forward/backward/optimizer phases stay null.
+
+The loggers' metrics (progress.LOGGED_METRICS) go to the writers Bridge's ``GlobalState`` holds
+(TensorBoard, Weights & Biases, MLflow, Comet: each None unless configured), on the rank they live on
+(the last), at our log steps. An iteration Bridge skipped
 (``skipped_iter``: no optimizer update) is timed and exchanged like any step but left out of the
 statistics, counted in the summary's ``timing.skipped_steps`` and marked in steps.jsonl.
 
@@ -75,9 +79,12 @@ class BridgeThroughputCallback(MeasurementView):
                              "(the default reads the model from the ConfigContainer) or pass flops_per_sample=...")
         self.measurement = Measurement(config)
         self._counts_packs = False  # packed sequences: counted from Bridge's accumulators
+        self._state: Any = None  # Bridge's GlobalState, for its writers
+        self._wandb_axis = False  # our metrics' step axis declared to W&B
 
     # ----------------------------------------------------------------------- events
     def on_train_start(self, context: CallbackContext) -> None:
+        self._state = context.state
         if not self.measurement.is_set_up:
             self._set_up(context.state.cfg)
         self.measurement.train_start(context.state.train_state.step, _world_size(),
@@ -115,11 +122,33 @@ class BridgeThroughputCallback(MeasurementView):
         records = gather_rank_records()
         with warnings_on_rank_zero(rank):
             facts = describe_bridge_run(self.config, cfg, _device(), records)
-        self.measurement.set_up(facts, _device(), rank, records,
-                                requested_dir=os.path.join(os.getcwd(), "throughput"))
+        self.measurement.set_up(facts, _device(), rank, records, requested_dir=os.path.join(os.getcwd(), "throughput"),
+                                log_metrics=self._log_to_bridge_writers, log_rank=len(records) - 1)
         # Bridge hands callbacks no batch: the dataset config's word stands, and the step's own FLOPs
         # accumulators count its packed sequences.
         self._counts_packs = facts.batch_layout == PACKED
+
+    def _log_to_bridge_writers(self, metrics: dict[str, float], step: int) -> None:
+        """One interval's metrics to each writer Bridge configured (on the last rank), at the interval's
+        last step. W&B takes no step behind its latest row (Bridge logs its iterations): there the
+        metrics complete the row in progress, charted against their own step axis (``throughput/step``);
+        we log at most once per iteration, so W&B's row never runs ahead of Bridge's next one."""
+        state = self._state
+        writer = getattr(state, "tensorboard_logger", None)
+        if writer is not None:
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, step)
+        wandb = getattr(state, "wandb_logger", None)
+        if wandb is not None:
+            if not self._wandb_axis:
+                wandb.define_metric(WANDB_STEP)
+                wandb.define_metric("throughput/*", step_metric=WANDB_STEP)
+                self._wandb_axis = True
+            wandb.log({**metrics, WANDB_STEP: step})
+        for name in ("mlflow_logger", "comet_logger"):  # both: log_metrics(dict, step=...)
+            logger = getattr(state, name, None)
+            if logger is not None:
+                logger.log_metrics(metrics, step=step)
 
     def _count_packs(self, state: Any) -> None:
         """The step's token slots and sum of squared sequence lengths, as Bridge's forward step
@@ -136,6 +165,7 @@ class BridgeThroughputCallback(MeasurementView):
 
 
 ThroughputCallback = BridgeThroughputCallback  # the name this module first gave it
+WANDB_STEP = "throughput/step"  # the W&B step axis of our metrics: the interval's last step
 # Bridge's per-step FLOPs accumulators (reset before each step, filled by its forward step): token
 # slots (padding included) and, for packed sequences, the sum of their squared lengths.
 BRIDGE_ACCUMULATORS = ("_flops_seqlen_sum", "_flops_seqlen_sq_sum")

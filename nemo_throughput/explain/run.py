@@ -89,6 +89,15 @@ class RunExplanation:
             self._communication = communication_section(window, self.places, self._window_steps,
                                                         self._window_mode, self._traces)
 
+    def live(self, tokens_per_step: float | None) -> dict[str, float | None]:
+        """The loggers' telemetry keys as of the latest log step absorbed (TelemetryStats.live); {} without."""
+        return self._telemetry_stats.live(tokens_per_step) if self._telemetry_stats else {}
+
+    @property
+    def latest_telemetry(self) -> list[dict[str, float]]:
+        """Every rank's telemetry FIELDS at the latest log step absorbed ([] before one, or without)."""
+        return self._telemetry_stats.latest if self._telemetry_stats else []
+
     def sections(self, tokens_per_step: int | None, final: bool = False) -> dict[str, Any]:
         """The summary's explaining sections, as of what rank 0 has absorbed. ``final`` reads the
         network again: NCCL writes which transport it chose at the first collectives, not at set-up."""

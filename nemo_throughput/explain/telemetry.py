@@ -62,6 +62,9 @@ CLOCKS_EVENT_REASONS: dict[int, str] = {
     0x400: "Reliability",  # nvmlClocksThrottleReasonReliability
 }
 
+# The reasons that lower clocks below what the work asks for (not idle, not a setting): a throttled GPU.
+SLOWDOWN_REASONS = ("SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown")
+
 NAN = float("nan")
 
 

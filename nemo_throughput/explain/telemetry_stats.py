@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nemo_throughput.explain.telemetry import FIELDS, NAN, throttle_reason_names
+from nemo_throughput.explain.telemetry import FIELDS, NAN, SLOWDOWN_REASONS, throttle_reason_names
 
 GIB = 1024**3
 JOULES_PER_KWH = 3.6e6
@@ -81,6 +81,7 @@ class TelemetryStats:
         self._ranks = [_RankSeries() for _ in places]
         self._log_steps = {"all": 0, "measured": 0}
         self._any_value = False
+        self.latest: list[dict[str, float]] = []  # every rank's FIELDS at the latest log step
 
     def add(self, samples: torch.Tensor, step: int, measured: bool) -> None:
         """Every rank's FIELDS ``[ranks, len(FIELDS)]`` at log step ``step`` (measured: counted in throughput)."""
@@ -91,8 +92,24 @@ class TelemetryStats:
         self._any_value = self._any_value or any(math.isfinite(v) for row in rows for v in row)
         self._log_steps["all"] += 1
         self._log_steps["measured"] += int(measured)
-        for series, row in zip(self._ranks, rows, strict=True):
-            series.add(dict(zip(FIELDS, row, strict=True)), step, measured)
+        self.latest = [dict(zip(FIELDS, row, strict=True)) for row in rows]
+        for series, row in zip(self._ranks, self.latest, strict=True):
+            series.add(row, step, measured)
+
+    def live(self, tokens_per_step: float | None) -> dict[str, float | None]:
+        """The loggers' telemetry keys (progress.LOGGED_METRICS): the latest log step's readings over
+        ranks (min / median / max), the ranks throttled then, and the run's energy so far per token."""
+        values: dict[str, float | None] = {}
+        for key, field, scale in (("memory_reserved_gib", "mem_peak_reserved_bytes", GIB),
+                                  ("power_w", "power_w", 1.0), ("sm_clock_mhz", "sm_clock_mhz", 1.0)):
+            spread = stat([row[field] / scale for row in self.latest], self.places) if self.latest else None
+            values.update({f"{key}_{name}": spread[name] if spread else None for name in ("min", "median", "max")})
+        masks = [row["throttle_reasons"] for row in self.latest if math.isfinite(row["throttle_reasons"])]
+        values["throttled_ranks"] = sum(bool(set(throttle_reason_names(int(mask))) & set(SLOWDOWN_REASONS))
+                                        for mask in masks) if masks else None
+        energy, _ = self._energy(tokens_per_step) if self._any_value else (None, None)
+        values.update({key: (energy or {}).get(key) for key in ("joules_per_token", "tokens_per_kwh")})
+        return values
 
     def section(self, tokens_per_step: int | None) -> dict[str, Any] | None:
         """The ``telemetry`` section; None when no rank had any reading."""

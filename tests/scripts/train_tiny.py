@@ -65,13 +65,18 @@ def main():
                         help="SIGKILL the process group (every rank) once step N is finished")
     parser.add_argument("--process-group-timeout-s", type=float, default=None,
                         help="DDPStrategy(timeout=...): how long a collective may wait for the other ranks")
+    parser.add_argument("--peak-tflops", type=float, default=None)
+    parser.add_argument("--prometheus-port", type=int, default=None, help="serve /metrics on 127.0.0.1:PORT")
+    parser.add_argument("--linger-s", type=float, default=0.0, help="keep serving it that long after the end")
     args = parser.parse_args()
 
     cfg = tiny_gpt_cfg(global_batch_size=2 * args.devices)
     callback = ThroughputCallback(log_every_n_steps=args.log_every, warmup_steps=args.warmup,
                                   output_dir=args.output_dir, per_step_jsonl=args.per_step_jsonl,
                                   profile_steps=args.profile_steps, profile_trace_ranks=args.trace_rank,
-                                  probe=args.probe)
+                                  probe=args.probe, peak_tflops=args.peak_tflops,
+                                  prometheus=None if args.prometheus_port is None else
+                                  {"port": args.prometheus_port, "addr": "127.0.0.1", "linger_s": args.linger_s})
     checkpoints = os.path.join(args.output_dir, "checkpoints")
     saving = [pl.callbacks.ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=args.checkpoint_every,
                                            save_top_k=-1, save_last=True)] if args.checkpoint_every else []

@@ -1,0 +1,161 @@
+"""Live metrics for Prometheus: rank 0 serves ``/metrics`` with ``prometheus_client``.
+
+Rank 0 serves, one endpoint per run: every rank's step times and telemetry already reach it on
+the log steps' all-gather, so it alone knows the run's figures, and serving them needs no new
+collective. Scrape the node of rank 0 (the Kubernetes launcher's PodMonitor selects the master
+pod; under Slurm, the first node of the job); per-rank series carry ``rank``, ``node`` and ``gpu``.
+
+Every figure the loggers get (progress.LOGGED_METRICS) is a gauge ``nemo_throughput_<key>`` with
+``window="interval"`` (the latest log interval's, as logged) and ``window="run"`` (the run's so
+far, as its summary gives them); every measured step's global time goes into the histogram
+``nemo_throughput_step_seconds``; ``nemo_throughput_status`` is the summary's status. The
+gauges change on the reporting thread at log steps and at the end of the run, never on a step.
+A port already taken is a warning: training goes on without the endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from nemo_throughput.config import checked_prometheus
+from nemo_throughput.environment import ENV_PROMETHEUS_PORT, job_details
+from nemo_throughput.explain.telemetry import SLOWDOWN_REASONS, throttle_reason_names
+from nemo_throughput.explain.telemetry_stats import GIB
+from nemo_throughput.progress import LOGGED_METRICS, summary_metrics
+
+log = logging.getLogger(__name__)
+
+PREFIX = "nemo_throughput_"
+RUN_LABELS = ("run", "run_id", "label", "model", "job_id")  # on every series
+RANK_LABELS = ("rank", "node", "gpu")  # on the per-rank series
+# Global step times from tens of milliseconds (small models) to minutes (the largest, at scale).
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
+STATUSES = ("running", "completed", "failed", "interrupted")
+# Per-rank gauges: (name, unit and meaning, the telemetry FIELDS value it shows).
+PER_RANK = (
+    ("rank_power_w", "board power, W (NVML)", lambda row: row["power_w"]),
+    ("rank_memory_reserved_gib", "the allocator's reserved peak so far, GiB",
+     lambda row: row["mem_peak_reserved_bytes"] / GIB),
+    ("rank_sm_clock_mhz", "SM clock, MHz (NVML)", lambda row: row["sm_clock_mhz"]),
+    ("rank_throttled", "1 when a power cap or a thermal or hardware slowdown lowers the clocks (NVML)",
+     lambda row: float(bool(set(throttle_reason_names(int(row["throttle_reasons"]))) & set(SLOWDOWN_REASONS)))
+     if math.isfinite(row["throttle_reasons"]) else math.nan),
+)
+
+
+def prometheus_setting(setting: Mapping[str, Any] | None, env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The setting, else the port in ``$NEMO_THROUGHPUT_PROMETHEUS_PORT`` (None: no endpoint)."""
+    if setting is not None or not env.get(ENV_PROMETHEUS_PORT):
+        return checked_prometheus(setting)
+    port = env[ENV_PROMETHEUS_PORT].strip()
+    if not port.isdigit():
+        raise ValueError(f"{ENV_PROMETHEUS_PORT} must be a TCP port, got {port!r}")
+    return checked_prometheus({"port": int(port)})
+
+
+def job_id(env: Mapping[str, str]) -> str:
+    """The scheduler's name for the job: Slurm's job id, the Kubernetes job's name, torchrun's run id."""
+    details = job_details(env)
+    return next((details[key] for key in ("slurm_job_id", "job_name", "torchelastic_run_id") if key in details), "")
+
+
+class PrometheusEndpoint:
+    """Rank 0's ``/metrics``: made at set-up, updated at log steps, closed at the end of the run."""
+
+    def __init__(self, setting: Mapping[str, Any], labels: Mapping[str, str]) -> None:
+        from prometheus_client import CollectorRegistry, Enum, Gauge, Histogram
+
+        self.setting = dict(setting)
+        self.address: str | None = None  # host:port, once serving
+        self._labels = [labels[name] for name in RUN_LABELS]
+        self.registry = CollectorRegistry()
+        with_window = (*RUN_LABELS, "window")
+        self._figures = {m.key: Gauge(PREFIX + m.key, f"{m.meaning} ({m.unit})", with_window, registry=self.registry)
+                         for m in LOGGED_METRICS}
+        self._per_rank = {name: Gauge(PREFIX + name, meaning, (*RUN_LABELS, *RANK_LABELS), registry=self.registry)
+                          for name, meaning, _ in PER_RANK}
+        self._step_seconds = Histogram(PREFIX + "step_seconds", "every measured step's global (slowest-rank) time, s",
+                                       RUN_LABELS, buckets=STEP_BUCKETS, registry=self.registry)
+        self._steps = Gauge(PREFIX + "steps_done", "optimizer steps finished and exchanged (the summary's last step)",
+                            RUN_LABELS, registry=self.registry)
+        self._status = Enum(PREFIX + "status", "the run's status, as its summary says", RUN_LABELS,
+                            states=list(STATUSES), registry=self.registry)
+        self._status.labels(*self._labels).state("running")
+        self._server: Any = None
+        self._lock = threading.Lock()  # the reporting thread and the end of the run both update
+
+    def serve(self) -> bool:
+        """Start serving; a port already taken (or any other error) is a warning, and no endpoint."""
+        from prometheus_client import start_http_server
+
+        port, addr = self.setting["port"], self.setting["addr"]
+        try:
+            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as error:
+            log.warning("nemo-throughput: no Prometheus endpoint: could not listen on %s:%d (%s). Training goes "
+                        "on; choose a free port with prometheus.port or %s.", addr, port, error,
+                        ENV_PROMETHEUS_PORT)
+            return False
+        self.address = f"{addr}:{self._server.server_port}"
+        log.info("nemo-throughput: Prometheus metrics at http://%s/metrics", self.address)
+        return True
+
+    def interval(self, figures: Mapping[str, float], measured_step_s: Iterable[float],
+                 telemetry: list[dict[str, float]], places: list[dict[str, Any]]) -> None:
+        """A log interval: the loggers' figures (``throughput/<key>``), its measured steps' global times,
+        and every rank's latest telemetry (explain's FIELDS per rank)."""
+        with self._lock:
+            self._set_window("interval", {key.removeprefix("throughput/"): value for key, value in figures.items()})
+            histogram = self._step_seconds.labels(*self._labels)
+            for seconds in measured_step_s:
+                histogram.observe(seconds)
+            for row, place in zip(telemetry, places, strict=False):
+                rank = (str(place["rank"]), str(place["host"]), "" if place["gpu_index"] is None else
+                        str(place["gpu_index"]))
+                for name, _, read in PER_RANK:
+                    _set_or_remove(self._per_rank[name], (*self._labels, *rank), read(row))
+
+    def summary(self, summary: Mapping[str, Any]) -> None:
+        """The run's figures as its (running or final) summary gives them, its last step and status."""
+        with self._lock:
+            self._set_window("run", summary_metrics(dict(summary)))
+            _set_or_remove(self._steps, self._labels, summary["timing"]["last_step"])
+            self._status.labels(*self._labels).state(summary["status"])
+
+    def _set_window(self, window: str, values: Mapping[str, float]) -> None:
+        for key, gauge in self._figures.items():
+            _set_or_remove(gauge, (*self._labels, window), values.get(key))
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """Stop serving, after ``linger_s`` seconds (a thread the interpreter waits for at exit) so that
+        a scrape can still read the final figures."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+
+        def stop() -> None:
+            time.sleep(linger_s)
+            server.shutdown()
+            server.server_close()
+
+        if linger_s > 0:
+            threading.Thread(target=stop, name="nemo-throughput-prometheus-linger", daemon=False).start()
+        else:
+            stop()
+
+
+def _set_or_remove(gauge: Any, labels: Iterable[str], value: float | None) -> None:
+    """A value sets the series; none (or NaN) removes it, so that no stale value is scraped."""
+    labels = tuple(labels)
+    if value is not None and math.isfinite(value):
+        gauge.labels(*labels).set(value)
+    else:
+        try:
+            gauge.remove(*labels)
+        except KeyError:
+            pass

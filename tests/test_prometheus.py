@@ -1,0 +1,176 @@
+"""The live endpoint scraped by a real Prometheus server (Debian's, installed by .ci/setup-prometheus),
+started on loopback with a scrape config written here, while a real 2-rank gloo run trains; its
+numbers, read back through Prometheus' HTTP API, are the summary's to the digit; the Grafana
+dashboard's queries return data from it."""
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import free_port, read_json, run_train_tiny
+from nemo_throughput.config import ThroughputConfig
+from nemo_throughput.explain.telemetry import FIELDS
+from nemo_throughput.explain.telemetry_stats import GIB, TelemetryStats
+from nemo_throughput.progress import summary_metrics
+from nemo_throughput.prometheus import PrometheusEndpoint, prometheus_setting
+
+DASHBOARD = Path(__file__).parents[1] / "launchers" / "grafana" / "nemo-throughput.json"
+SCRAPE_S = 0.5
+
+
+def _prometheus_binary():
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("NEMO_THROUGHPUT_REQUIRE_PROMETHEUS"):
+            pytest.fail("prometheus is required (NEMO_THROUGHPUT_REQUIRE_PROMETHEUS) but not installed: "
+                        ".ci/setup-prometheus installs it")
+        pytest.skip("Debian's prometheus is not installed (.ci/setup-prometheus)")
+    return binary
+
+
+class PrometheusServer:
+    """A real Prometheus on 127.0.0.1, scraping ``targets`` every SCRAPE_S seconds."""
+
+    def __init__(self, directory: Path, targets: list[int]):
+        self.port = free_port()
+        config = directory / "prometheus.yml"
+        config.write_text(json.dumps({  # YAML is a superset of JSON
+            "global": {"scrape_interval": f"{int(SCRAPE_S * 1000)}ms", "scrape_timeout": f"{int(SCRAPE_S * 1000)}ms"},
+            "scrape_configs": [{"job_name": "nemo-throughput",
+                                "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in targets]}]}]}))
+        self.process = subprocess.Popen(
+            [_prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=subprocess.DEVNULL, stderr=open(directory / "prometheus.log", "w"))
+        deadline = time.monotonic() + 30
+        while not self._ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"prometheus did not start: {(directory / 'prometheus.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def api(self, path: str, **params) -> list:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def last(self, selector: str) -> list:
+        """Each series' last scraped sample (the targets are gone: their series are stale now)."""
+        return self.api("query", query=f"last_over_time({selector}[10m])")
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def serve_synthetic_telemetry(port: int, summary: dict) -> PrometheusEndpoint:
+    """An endpoint of two ranks with GPU readings (a CPU has none): real prometheus_client, real NVML
+    field layout, made-up numbers, so that the per-rank and energy panels have data to show; the
+    run window is ``summary``'s with that telemetry."""
+    places = [{"rank": rank, "host": "node0", "gpu_index": rank} for rank in range(2)]
+    stats = TelemetryStats(places, {"nvml": "synthetic"})
+    for step, joules in ((10, 0.0), (20, 5000.0)):
+        rows = []
+        for rank in range(2):
+            row = dict.fromkeys(FIELDS, math.nan)
+            row.update(power_w=500.0 + rank, sm_clock_mhz=1980.0, mem_peak_reserved_bytes=40 * GIB,
+                       throttle_reasons=0.0, energy_j=joules)
+            rows.append([row[name] for name in FIELDS])
+        stats.add(torch.tensor(rows, dtype=torch.float64), step=step, measured=True)
+    endpoint = PrometheusEndpoint({"port": port, "addr": "127.0.0.1", "linger_s": 0.0},
+                                  {"run": "synthetic", "run_id": "synthetic", "label": "", "model": "", "job_id": ""})
+    assert endpoint.serve()
+    live = {f"throughput/{key}": value for key, value in stats.live(tokens_per_step=1000).items()}
+    endpoint.interval(live, [0.5, 0.5], stats.latest, places)
+    endpoint.summary({**summary, "telemetry": stats.section(tokens_per_step=1000)})
+    return endpoint
+
+
+@pytest.mark.slow
+def test_a_real_prometheus_scrapes_a_two_rank_run_and_holds_the_summary_s_numbers(tmp_path):
+    run_port, synthetic_port = free_port(), free_port()
+    server = PrometheusServer(tmp_path, [run_port, synthetic_port])
+    synthetic = None
+    try:
+        process = run_train_tiny("--output-dir", tmp_path / "run", "--devices", 2, "--steps", 30, "--log-every", 5,
+                                 "--step-sleep-s", 0.05, "--peak-tflops", 1e-3, "--prometheus-port", run_port,
+                                 "--linger-s", 4 * SCRAPE_S)
+        output, _ = process.communicate(timeout=120)
+        assert process.returncode == 0, output[-3000:]
+        summary = read_json(tmp_path / "run" / "summary.json")
+        synthetic = serve_synthetic_telemetry(synthetic_port, summary)
+        time.sleep(4 * SCRAPE_S)  # a few scrapes of the synthetic endpoint
+        assert summary["status"] == "completed"
+
+        run = {"run": summary["run"]["name"]}
+        expected = summary_metrics(summary)
+        assert {"tokens_per_s", "mfu", "step_time_s", "slowest_rank", "straggler_excess_pct", "goodput_pct"} <= set(
+            expected)
+        for key, value in expected.items():
+            (series,) = server.last(f'nemo_throughput_{key}{{window="run",run="{run["run"]}"}}')
+            assert series["metric"]["run_id"] == summary["run"]["id"]
+            assert float(series["value"][1]) == value, key  # to the digit
+        (status,) = server.api("query", query=f'last_over_time(nemo_throughput_status{{run="{run["run"]}"}}[10m]) == 1')
+        assert status["metric"]["nemo_throughput_status"] == "completed"
+        (steps,) = server.last(f'nemo_throughput_steps_done{{run="{run["run"]}"}}')
+        assert float(steps["value"][1]) == summary["timing"]["last_step"] == 30
+        (count,) = server.last(f'nemo_throughput_step_seconds_count{{run="{run["run"]}"}}')
+        (total,) = server.last(f'nemo_throughput_step_seconds_sum{{run="{run["run"]}"}}')
+        assert float(count["value"][1]) == summary["timing"]["steps_measured"]
+        assert float(total["value"][1]) / float(count["value"][1]) == pytest.approx(
+            summary["timing"]["step_time_s"]["mean"], rel=1e-12)
+        # The interval window: the loggers' figures of the last interval (steps 26-30).
+        (interval,) = server.last(f'nemo_throughput_tokens_per_s{{window="interval",run="{run["run"]}"}}')
+        (seconds,) = server.last(f'nemo_throughput_step_time_s{{window="interval",run="{run["run"]}"}}')
+        tokens = summary["batch"]["tokens_per_step"]
+        assert float(interval["value"][1]) == pytest.approx(tokens / float(seconds["value"][1]), rel=1e-12)
+
+        # Every query of the Grafana dashboard returns data from this Prometheus.
+        end = time.time()
+        for panel in json.loads(DASHBOARD.read_text())["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"].replace("$run", ".+").replace("$__rate_interval", "5s")
+                result = server.api("query_range", query=expr, start=end - 120, end=end, step=SCRAPE_S)
+                assert result, f"{panel['title']}: {expr} returned no data"
+    finally:
+        if synthetic is not None:
+            synthetic.close()
+        server.stop()
+
+
+def test_the_endpoint_is_opt_in_by_setting_or_variable_and_a_taken_port_is_a_warning(caplog):
+    assert prometheus_setting(None, {}) is None
+    assert prometheus_setting(None, {"NEMO_THROUGHPUT_PROMETHEUS_PORT": "9464"}) == {
+        "port": 9464, "addr": "0.0.0.0", "linger_s": 0.0}
+    setting = prometheus_setting({"port": 0, "addr": "127.0.0.1"}, {"NEMO_THROUGHPUT_PROMETHEUS_PORT": "9464"})
+    assert setting == {"port": 0, "addr": "127.0.0.1", "linger_s": 0.0}  # the setting wins
+    for bad in ({"port": 70000}, {"addr": "x"}, {"port": "9464"}, {"port": 1, "linger_s": -1}, 9464):
+        with pytest.raises(ValueError, match="prometheus"):
+            ThroughputConfig(prometheus=bad)
+    with pytest.raises(ValueError, match="NEMO_THROUGHPUT_PROMETHEUS_PORT"):
+        prometheus_setting(None, {"NEMO_THROUGHPUT_PROMETHEUS_PORT": "http"})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        endpoint = PrometheusEndpoint({"port": taken.getsockname()[1], "addr": "127.0.0.1", "linger_s": 0.0},
+                                      dict.fromkeys(("run", "run_id", "label", "model", "job_id"), "x"))
+        assert not endpoint.serve()
+    assert "Training goes on" in caplog.text

@@ -1,0 +1,175 @@
+"""The loggers' metrics in the trackers users already run, read back from the real packages' files.
+
+Megatron-Bridge's writers live on its ``GlobalState``, on the last rank: a real TensorBoard
+``SummaryWriter``, the ``wandb`` module after ``wandb.init`` (offline), and the ``mlflow`` module
+with a run started in a local file store, as Bridge's ``GlobalState`` properties make them. The
+``GlobalState`` itself is test_megatron_bridge's stand-in (Bridge's own cannot be imported on
+Python 3.11); the writers in it are the real ones.
+"""
+
+import csv
+import glob
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from test_megatron_bridge import ThroughputCallback, llama_like_config, on_two_gloo_ranks, run_bridge_loop
+
+from conftest import read_json
+from nemo_throughput.explain.telemetry import FIELDS
+from nemo_throughput.explain.telemetry_stats import GIB, TelemetryStats
+from nemo_throughput.progress import LOGGED_KEYS, TELEMETRY_KEYS
+
+STEPS, LOG_EVERY = 10, 2
+# Megatron-Bridge has no event inside a step: its steps have no forward/backward/optimizer phases.
+NOT_UNDER_BRIDGE = {"forward_s", "backward_s", "optimizer_s"}
+
+
+def tensorboard_scalars(directory):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def wandb_history(directory):
+    """Every history row of an offline W&B run, read with wandb's own record reader."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    (path,) = glob.glob(os.path.join(directory, "wandb", "offline-run-*", "run-*.wandb"))
+    store = datastore.DataStore()
+    store.open_for_scan(path)
+    rows = []
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+def mlflow_history(tracking_uri, run_id):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    return {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+            for key in client.get_run(run_id).data.metrics}
+
+
+def _writers_worker(rank, output_dir):
+    """Bridge's loop on a rank of a gloo group of two; the writers on the last, as Bridge makes them."""
+    writers, run_id = {}, None
+    if rank == 1:
+        os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+        import mlflow
+        import wandb
+        from torch.utils.tensorboard import SummaryWriter
+
+        wandb.init(project="throughput", name="bridge", dir=output_dir)
+        mlflow.set_tracking_uri(Path(output_dir, "mlruns").as_uri())
+        mlflow.set_experiment("throughput")
+        run_id = mlflow.start_run(run_name="bridge").info.run_id
+        writers = {"tensorboard_logger": SummaryWriter(os.path.join(output_dir, "tb")), "wandb_logger": wandb,
+                   "mlflow_logger": mlflow}
+    callback = ThroughputCallback(output_dir=os.path.join(output_dir, "throughput"), log_every_n_steps=LOG_EVERY,
+                                  warmup_steps=1, per_step_jsonl=True)
+    run_bridge_loop(llama_like_config(steps=STEPS), callback, writers=writers, slow_s=0.01)
+    if rank == 1:
+        writers["tensorboard_logger"].close()
+        writers["wandb_logger"].finish()
+        writers["mlflow_logger"].end_run()
+    return run_id
+
+
+def lightning_logged_keys(tmp_path):
+    """The keys a real Lightning run of the demo GPT logs to a CSVLogger (fixed-length batches, as above)."""
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback as LightningCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    callback = LightningCallback(output_dir=str(tmp_path / "lightning"), log_every_n_steps=LOG_EVERY, warmup_steps=1)
+    logger = pl.loggers.CSVLogger(tmp_path / "csv")
+    pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=logger, enable_progress_bar=False,
+               enable_model_summary=False, enable_checkpointing=False, callbacks=[callback],
+               ).fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
+    with open(Path(logger.log_dir) / "metrics.csv") as file:
+        return {key for row in csv.DictReader(file) for key, value in row.items() if value}
+
+
+@pytest.mark.slow
+def test_bridge_writers_on_the_last_rank_get_the_lightning_keys_with_the_run_s_values(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store only on request
+    run_id = on_two_gloo_ranks(_writers_worker, tmp_path)[1]
+    out = tmp_path / "out"
+    tensorboard = tensorboard_scalars(out / "tb")
+    mlflow = mlflow_history((out / "mlruns").as_uri(), run_id)
+    rows = [row for row in wandb_history(out) if "throughput/step" in row]
+    wandb = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("throughput/") and key != "throughput/step":
+                wandb.setdefault(key, []).append((row["throughput/step"], value))
+    # The same keys and points in every writer (TensorBoard keeps float32).
+    assert set(tensorboard) == set(mlflow) == set(wandb)
+    for key, points in mlflow.items():
+        assert wandb[key] == points
+        assert [step for step, _ in tensorboard[key]] == [step for step, _ in points]
+        assert [value for _, value in tensorboard[key]] == pytest.approx([value for _, value in points], rel=1e-6)
+    # The same keys as a Lightning run's logger, but the phases Bridge's events cannot split.
+    bridge_keys = {key.removeprefix("throughput/") for key in mlflow}
+    lightning_keys = {key.removeprefix("throughput/") for key in lightning_logged_keys(tmp_path)
+                      if key.startswith("throughput/")}
+    assert bridge_keys == lightning_keys - NOT_UNDER_BRIDGE
+    # A CPU has no peak and no telemetry; fixed-length batches are not counted.
+    assert lightning_keys == set(LOGGED_KEYS) - TELEMETRY_KEYS - {"mfu", "mfu_above_peak", "padding_share",
+                                                                  "tokens_per_s_with_padding"}
+    # The last rank logged what rank 0 measured: each interval's mean global step time, from steps.jsonl.
+    summary = read_json(out / "throughput" / "summary.json")
+    with open(out / "throughput" / "steps.jsonl") as file:
+        rows = {row["step"]: row for row in map(json.loads, file)}
+    logged = dict(mlflow["throughput/step_time_s"])
+    assert sorted(logged) == [1, 3, 5, 7, 9, 10]  # each log step hands over the steps before it; the end, the rest
+    first = 1
+    for last, seconds in sorted(logged.items()):
+        interval = [rows[s] for s in range(first, last + 1)]
+        measured = [row["step_time_s"] for row in interval if not row["warmup"]] or [r["step_time_s"] for r in interval]
+        assert seconds == pytest.approx(sum(measured) / len(measured), rel=1e-12)
+        first = last + 1
+    tokens = summary["batch"]["tokens_per_step"]
+    for (_, rate), (_, seconds) in zip(mlflow["throughput/tokens_per_s"], mlflow["throughput/step_time_s"],
+                                          strict=True):
+        assert rate == pytest.approx(tokens / seconds, rel=1e-12)
+    assert 0 < mlflow["throughput/goodput_pct"][-1][1] <= 100
+
+
+def test_the_loggers_telemetry_keys_are_the_latest_readings_over_ranks():
+    places = [{"rank": r, "host": "node0", "gpu_index": r} for r in range(3)]
+    stats = TelemetryStats(places, {"nvml": "test"})
+
+    def sample(power, clock, reserved_gib, throttle, joules):
+        row = dict.fromkeys(FIELDS, math.nan)
+        row.update(power_w=power, sm_clock_mhz=clock, mem_peak_reserved_bytes=reserved_gib * GIB,
+                   throttle_reasons=throttle, energy_j=joules)
+        return [row[name] for name in FIELDS]
+
+    stats.add(torch.tensor([sample(300, 1980, 40, 0, 1000), sample(310, 1980, 41, 0, 2000),
+                            sample(290, 1980, 40, 0, 3000)], dtype=torch.float64), step=10, measured=True)
+    # Step 20: rank 1 power-capped (0x4) and rank 2 idle (0x1, not a slowdown); 10 steps of 1000 tokens.
+    stats.add(torch.tensor([sample(700, 1980, 42, 0, 1500), sample(650, 1700, 43, 0x4, 2600),
+                            sample(100, 1410, 40, 0x1, 3400)], dtype=torch.float64), step=20, measured=True)
+    live = stats.live(tokens_per_step=1000)
+    assert live == pytest.approx({
+        "memory_reserved_gib_min": 40, "memory_reserved_gib_median": 42, "memory_reserved_gib_max": 43,
+        "power_w_min": 100, "power_w_median": 650, "power_w_max": 700,
+        "sm_clock_mhz_min": 1410, "sm_clock_mhz_median": 1700, "sm_clock_mhz_max": 1980,
+        "throttled_ranks": 1,
+        "joules_per_token": (500 + 600 + 400) / 10_000, "tokens_per_kwh": 10_000 / (1500 / 3.6e6)}, rel=1e-12)
+    assert set(live) == TELEMETRY_KEYS
