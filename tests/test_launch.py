@@ -32,7 +32,7 @@ FIXED_TIME = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
 SLURM_JOBS = {
     "slurm-bare-metal.sbatch": SlurmJob(command=NEMO_COMMAND, nodes=4, gpus_per_node=8, partition="batch",
                                         account="myacct", time="01:00:00", repeat=3, label="bare-metal",
-                                        results_dir="/lustre/runs"),
+                                        results_dir="/lustre/runs", prometheus_port=9464),
     "slurm-pyxis.sbatch": SlurmJob(command=NEMO_COMMAND, nodes=4, gpus_per_node=8, image="nvcr.io/nvidia/nemo:24.09",
                                    mounts=["/lustre:/lustre", "/data:/data:ro"], workdir="/lustre/work",
                                    results_dir="/lustre/runs"),
@@ -41,7 +41,7 @@ K8S_JOBS = {
     "k8s-runai-rdma.yaml": KubernetesJob(command=NEMO_COMMAND, image="nvcr.io/nvidia/nemo:24.09", nodes=4,
                                          gpus_per_node=8, namespace="team-a", rdma_resource="rdma/ib", rdma_count=8,
                                          scheduler_name="runai-scheduler", queue="team-a", summary_volume="runs",
-                                         repeat=3, label="kubernetes", job_name="llama-4n"),
+                                         repeat=3, label="kubernetes", job_name="llama-4n", prometheus_port=9464),
     "k8s-single-node.yaml": KubernetesJob(command=["python", "-m", "nemo_throughput.demo.train",
                                                    "+callbacks=throughput"],
                                           image="example.com/demo:1", nodes=1, gpus_per_node=2, job_name="demo"),
@@ -95,6 +95,17 @@ def test_slurm_script_settings():
 def test_rendered_manifests_validate():
     for job in K8S_JOBS.values():
         validate_manifest(render_manifest(job))
+
+
+def test_the_master_pod_alone_is_annotated_for_scraping_and_every_pod_knows_the_port():
+    replicas = render_manifest(K8S_JOBS["k8s-runai-rdma.yaml"])["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/path": "/metrics", "prometheus.io/port": "9464"}
+    assert "annotations" not in replicas["Worker"]["template"]["metadata"]  # rank 0 is in the Master pod
+    for replica in ("Master", "Worker"):
+        container = _container({"spec": {"pytorchReplicaSpecs": replicas}}, replica)
+        assert {"name": "metrics", "containerPort": 9464} in container["ports"]
+        assert {"name": "NEMO_THROUGHPUT_PROMETHEUS_PORT", "value": "9464"} in container["env"]
 
 
 def _container(manifest, replica="Worker"):
@@ -156,6 +167,8 @@ def cli(*args, path=None, cwd=None):
     (["k8s", "--image", "nemo:1", "--rdma-count", "8", "--", "python", "t.py"], "--rdma-resource and --rdma-count"),
     (["k8s", "--image", "nemo:1", "--job-name", "Llama_70B", "--", "python", "t.py"], "must be lower-case"),
     (["k8s", "--", "python", "t.py"], "the following arguments are required: --image"),
+    (["slurm", "--prometheus-port", "70000", "--", "python", "t.py"], "--prometheus-port must be a TCP port"),
+    (["k8s", "--image", "nemo:1", "--prometheus-port", "23456", "--", "python", "t.py"], "rendezvous port"),
 ])
 def test_impossible_requests_fail_with_the_fix(args, message, tmp_path):
     result = cli(*args, cwd=tmp_path)

@@ -53,7 +53,10 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
         lines += ["", f"ratios in this run: nemo-throughput's hooks/step = "
                       f"{ratios['hooks_per_step_vs_throughput_monitor']:.2f} x ThroughputMonitor's"
                       + (f"; its log step = {ratios['log_step_vs_non_log_step']:.0f} x its non-log step"
-                         if ratios.get("log_step_vs_non_log_step") is not None else "")]
+                         if ratios.get("log_step_vs_non_log_step") is not None else "")
+                      + (f"; its non-log step with the Prometheus endpoint = "
+                         f"{ratios['prometheus_non_log_step_vs_non_log_step']:.2f} x without"
+                         if ratios.get("prometheus_non_log_step_vs_non_log_step") is not None else "")]
     return "\n".join(lines) + "\n"
 
 

@@ -36,8 +36,8 @@ SIZES = {
     "gpt3-2.7b": dict(num_layers=32, hidden_size=2560, ffn_hidden_size=10240, num_attention_heads=32,
                       encoder_seq_length=2048, micro_batch_size=2, vocab_size=50257),
 }
-CONDITIONS = ("no-callback", "nemo-throughput", "nemo-throughput-debug", "lightning-throughput-monitor",
-              "nemo-timing-callback")
+CONDITIONS = ("no-callback", "nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
+              "lightning-throughput-monitor", "nemo-timing-callback")
 DEVICES = ("auto", "cpu", "cuda")
 LOG_EVERY_N_STEPS = 10  # nemo-throughput's setting in the bench (its default)
 
@@ -159,9 +159,11 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
         tool = None
         if name.startswith("nemo-throughput"):
             debug = name.endswith("debug")
+            # -prometheus: the live endpoint on too (an ephemeral port on loopback)
+            prometheus = {"port": 0, "addr": "127.0.0.1"} if name.endswith("prometheus") else None
             ours = tool = ThroughputCallback(warmup_steps=first, output_dir=out,
                                              log_every_n_steps=1 if debug else LOG_EVERY_N_STEPS,
-                                             per_step_jsonl=debug, peak_tflops=None)
+                                             per_step_jsonl=debug, peak_tflops=None, prometheus=prometheus)
         elif name == "lightning-throughput-monitor":
             model.flops_per_batch = cfg.micro_batch_size * model_flops_per_sample(spec)  # the same model's FLOPs
             tool = pl.callbacks.ThroughputMonitor(batch_size_fn=lambda batch: batch.shape[0],

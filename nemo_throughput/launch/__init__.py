@@ -32,6 +32,12 @@ def require_count(name: str, value: int) -> None:
         raise LaunchError(f"{name} {value} is more than Slurm and Kubernetes take (at most {MAX_COUNT})")
 
 
+def require_port(name: str, value: int | None) -> None:
+    """None, or a TCP port a server can listen on (1-65535)."""
+    if value is not None and not 1 <= value <= 65535:
+        raise LaunchError(f"{name} must be a TCP port (1-65535), got {value}")
+
+
 def require_command(command: list[str]) -> list[str]:
     """The training command from what follows the launcher's own options.
 

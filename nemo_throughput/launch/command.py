@@ -62,6 +62,8 @@ def _job_arguments(parser: argparse.ArgumentParser, suffix: str) -> None:
     parser.add_argument("--job-name", help=f"default {default_name}")
     parser.add_argument("--output", type=Path, help=f"file to write (default ./<job name>.{suffix})")
     parser.add_argument("--submit", action="store_true", help="submit it and print the job id")
+    parser.add_argument("--prometheus-port", type=int,
+                        help="rank 0 serves live metrics on this port (NEMO_THROUGHPUT_PROMETHEUS_PORT)")
 
 
 def run_launch(args: argparse.Namespace, command: list[str]) -> int:
@@ -93,7 +95,7 @@ def launch_slurm(args: argparse.Namespace, command: list[str]) -> None:
         command=command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, image=args.image,
         mounts=[m for m in args.mounts.split(",") if m], workdir=args.workdir, partition=args.partition,
         account=args.account, time=args.time, job_name=args.job_name or "nemo-throughput", repeat=args.repeat,
-        label=args.label, results_dir=results_dir,
+        label=args.label, results_dir=results_dir, prometheus_port=args.prometheus_port,
     )
     path = check_output_file(args.output or Path(f"{job.job_name}.sbatch"), "--output", reads=[slurm.TEMPLATE])
     # Slurm writes the job's log there, on the hosts (with --image: the mount's source), and does not create it
@@ -116,6 +118,7 @@ def launch_kubernetes(args: argparse.Namespace, command: list[str]) -> None:
         namespace=args.namespace, rdma_resource=args.rdma_resource, rdma_count=args.rdma_count,
         scheduler_name=args.scheduler_name, queue=args.queue, queue_label=args.queue_label,
         summary_volume=args.summary_volume, repeat=args.repeat, label=args.label, expand_env=args.expand_env,
+        prometheus_port=args.prometheus_port,
         # a PyTorchJob name is unique in its namespace and keys the results: one per launch
         job_name=args.job_name or f"nemo-throughput-{dt.datetime.now():%m%d-%H%M%S}",
     )

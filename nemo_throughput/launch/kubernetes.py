@@ -19,6 +19,7 @@ from nemo_throughput.launch import (
     require_command,
     require_count,
     require_no_control_characters,
+    require_port,
 )
 
 TEMPLATE = TEMPLATES / "kubernetes" / "pytorchjob.yaml"
@@ -51,6 +52,7 @@ class KubernetesJob:
     label: str | None = None
     job_name: str = "nemo-throughput"
     expand_env: bool = False  # let the kubelet expand $(VAR) (and torchrun ${local_rank}) in the command
+    prometheus_port: int | None = None  # rank 0 serves live metrics on this port of the Master pod
 
     def __post_init__(self) -> None:
         command = require_command(self.command)
@@ -64,6 +66,9 @@ class KubernetesJob:
         require_count("--nodes", self.nodes)
         require_count("--gpus-per-node", self.gpus_per_node)
         require_count("--repeat", self.repeat)
+        require_port("--prometheus-port", self.prometheus_port)
+        if self.prometheus_port == 23456:
+            raise LaunchError("--prometheus-port 23456 is the PyTorchJob's rendezvous port: choose another, e.g. 9464")
         if (self.rdma_resource is None) != (self.rdma_count is None):
             raise LaunchError("--rdma-resource and --rdma-count go together (e.g. --rdma-resource rdma/ib "
                               "--rdma-count 8)")
@@ -156,6 +161,9 @@ def render_manifest(job: KubernetesJob) -> dict[str, Any]:
         replicas["Worker"].update(replicas=job.nodes - 1, template=copy.deepcopy(pod))
     else:
         del replicas["Worker"]
+    if job.prometheus_port is not None:  # rank 0, the only one serving, is in the Master pod
+        pod["metadata"]["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics",
+                                          "prometheus.io/port": str(job.prometheus_port)}
     return manifest
 
 
@@ -173,6 +181,9 @@ def _fill_pod(pod: dict[str, Any], job: KubernetesJob) -> None:
     env["NEMO_THROUGHPUT_IMAGE"]["value"] = job.image
     env["NEMO_THROUGHPUT_RUN_LABEL"]["value"] = job.run_label_value
     env["REPEAT"]["value"] = str(job.repeat)
+    if job.prometheus_port is not None:
+        container["ports"].append({"name": "metrics", "containerPort": job.prometheus_port})
+        container["env"].append({"name": "NEMO_THROUGHPUT_PROMETHEUS_PORT", "value": str(job.prometheus_port)})
     limits = container["resources"]["limits"]
     limits[GPU_RESOURCE] = str(job.gpus_per_node)
     if job.rdma_resource:

@@ -15,6 +15,7 @@ from nemo_throughput.launch import (
     require_command,
     require_count,
     require_no_control_characters,
+    require_port,
 )
 
 TEMPLATE = TEMPLATES / "slurm" / "benchmark.sbatch"
@@ -50,12 +51,14 @@ class SlurmJob:
     repeat: int = 1
     label: str | None = None
     results_dir: str = "nemo_throughput_runs"
+    prometheus_port: int | None = None  # rank 0 serves live metrics on this port of the first node
 
     def __post_init__(self) -> None:
         self.command = require_command(self.command)
         require_count("--nodes", self.nodes)
         require_count("--gpus-per-node", self.gpus_per_node)
         require_count("--repeat", self.repeat)
+        require_port("--prometheus-port", self.prometheus_port)
         self._check_text_fields()
         self._check_names()
         if self.mounts and not self.image:
@@ -148,6 +151,7 @@ class SlurmJob:
             "REPEAT": str(self.repeat),
             "LABEL": self.label or "",
             "RESULTS": self.results_dir,
+            "PROMETHEUS_PORT": "" if self.prometheus_port is None else str(self.prometheus_port),
         }
 
 
