@@ -239,7 +239,7 @@ def checked_prometheus(value: Any) -> dict[str, Any] | None:
     """The ``prometheus`` setting as a plain dict {port, addr, linger_s}; None when not set."""
     if value is None:
         return None
-    example = "with Hydra: +callbacks.throughput.prometheus={port:9464}"
+    example = "with Hydra: callbacks.throughput.prometheus={port:9464}"
     if not isinstance(value, Mapping):
         raise ValueError(f"prometheus must be a mapping {{port, addr, linger_s}}, got {value!r}; {example}")
     unknown = sorted(set(value) - {"port", "addr", "linger_s"})

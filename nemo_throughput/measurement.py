@@ -571,13 +571,13 @@ class Measurement:
             if self.rank == 0:
                 self._summary_file.close(summary)
                 log.info("nemo-throughput: %s run summary written to %s", status, printable(self.summary_path))
-                self._close_endpoint(summary)
             elif missing is None:  # the final exchange completed: rank 0 has every step this rank has
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self.rank_summary_path)
             elif self._write_rank_file(summary, durable=True):
                 log.warning("nemo-throughput: rank %d wrote what it knows to %s", self.rank,
                             printable(self.rank_summary_path))
+        self._close_endpoint(summary)
         if self._sigterm is not None:
             self._sigterm.uninstall()
             self._sigterm = None

@@ -264,3 +264,13 @@ def test_the_job_callback_stops_the_job_on_any_bad_setting():
         cfg = compose_callbacks("+callbacks=throughput", bad)
         with pytest.raises(SystemExit, match="nemo-throughput: .*(peak_tflops|model_spec)"):
             KeepThroughputConfig().on_job_start(config=cfg)
+
+
+def test_the_prometheus_endpoint_composes_from_the_command_line():
+    cfg = compose_callbacks("+callbacks=throughput", "callbacks.throughput.prometheus={port:9464,linger_s:30}")
+    config = ThroughputConfig.from_mapping(OmegaConf.to_container(cfg.callbacks.throughput))
+    assert config.prometheus == {"port": 9464, "addr": "0.0.0.0", "linger_s": 30.0}
+    section = OmegaConf.to_container(compose_callbacks(
+        "+callbacks=throughput", "callbacks.throughput.prometheus={port:http}").callbacks.throughput)
+    with pytest.raises(ValueError, match="prometheus.port must be a TCP port"):
+        ThroughputConfig.from_mapping(section)

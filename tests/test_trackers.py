@@ -1,8 +1,9 @@
 """The loggers' metrics in the trackers users already run, read back from the real packages' files.
 
 Megatron-Bridge's writers live on its ``GlobalState``, on the last rank: a real TensorBoard
-``SummaryWriter``, the ``wandb`` module after ``wandb.init`` (offline), and the ``mlflow`` module
-with a run started in a local file store, as Bridge's ``GlobalState`` properties make them. The
+``SummaryWriter``, the ``wandb`` module after ``wandb.init`` (offline), the ``mlflow`` module with a
+run started in a local file store, and a Comet experiment (offline: Comet's ``OfflineExperiment``,
+where Bridge makes an ``Experiment``), as Bridge's ``GlobalState`` properties make them. The
 ``GlobalState`` itself is test_megatron_bridge's stand-in (Bridge's own cannot be imported on
 Python 3.11); the writers in it are the real ones.
 """
@@ -12,6 +13,7 @@ import glob
 import json
 import math
 import os
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -62,11 +64,26 @@ def mlflow_history(tracking_uri, run_id):
             for key in client.get_run(run_id).data.metrics}
 
 
+def comet_history(directory):
+    """The metrics of an offline Comet experiment, from the archive it leaves (its messages file)."""
+    (archive,) = glob.glob(os.path.join(directory, "*.zip"))
+    with zipfile.ZipFile(archive) as files:
+        messages = [json.loads(line) for line in files.read("messages.json").decode().splitlines()]
+    history = {}
+    for message in messages:
+        metric = message["payload"].get("metric") if message["type"] == "metric_msg" else None
+        if metric and metric["metricName"].startswith("throughput/"):
+            history.setdefault(metric["metricName"], []).append((metric["step"], metric["metricValue"]))
+    return history
+
+
 def _writers_worker(rank, output_dir):
     """Bridge's loop on a rank of a gloo group of two; the writers on the last, as Bridge makes them."""
     writers, run_id = {}, None
     if rank == 1:
-        os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+        # COMET_DISABLE_AUTO_LOGGING: comet_ml would also patch TensorBoard's add_scalar into the experiment
+        os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", COMET_DISABLE_AUTO_LOGGING="1")
+        import comet_ml
         import mlflow
         import wandb
         from torch.utils.tensorboard import SummaryWriter
@@ -75,8 +92,12 @@ def _writers_worker(rank, output_dir):
         mlflow.set_tracking_uri(Path(output_dir, "mlruns").as_uri())
         mlflow.set_experiment("throughput")
         run_id = mlflow.start_run(run_name="bridge").info.run_id
+        comet_dir = os.path.join(output_dir, "comet")
+        comet = comet_ml.OfflineExperiment(project_name="throughput", offline_directory=comet_dir,
+                                           auto_output_logging=False, log_env_details=False, log_git_metadata=False,
+                                           log_git_patch=False, display_summary_level=0)
         writers = {"tensorboard_logger": SummaryWriter(os.path.join(output_dir, "tb")), "wandb_logger": wandb,
-                   "mlflow_logger": mlflow}
+                   "mlflow_logger": mlflow, "comet_logger": comet}
     callback = ThroughputCallback(output_dir=os.path.join(output_dir, "throughput"), log_every_n_steps=LOG_EVERY,
                                   warmup_steps=1, per_step_jsonl=True)
     run_bridge_loop(llama_like_config(steps=STEPS), callback, writers=writers, slow_s=0.01)
@@ -84,6 +105,7 @@ def _writers_worker(rank, output_dir):
         writers["tensorboard_logger"].close()
         writers["wandb_logger"].finish()
         writers["mlflow_logger"].end_run()
+        writers["comet_logger"].end()
     return run_id
 
 
@@ -117,10 +139,11 @@ def test_bridge_writers_on_the_last_rank_get_the_lightning_keys_with_the_run_s_v
         for key, value in row.items():
             if key.startswith("throughput/") and key != "throughput/step":
                 wandb.setdefault(key, []).append((row["throughput/step"], value))
+    comet = comet_history(out / "comet")
     # The same keys and points in every writer (TensorBoard keeps float32).
-    assert set(tensorboard) == set(mlflow) == set(wandb)
+    assert set(tensorboard) == set(mlflow) == set(wandb) == set(comet)
     for key, points in mlflow.items():
-        assert wandb[key] == points
+        assert wandb[key] == comet[key] == points
         assert [step for step, _ in tensorboard[key]] == [step for step, _ in points]
         assert [value for _, value in tensorboard[key]] == pytest.approx([value for _, value in points], rel=1e-6)
     # The same keys as a Lightning run's logger, but the phases Bridge's events cannot split.
