@@ -514,10 +514,11 @@ class Measurement:
 
     def _absorb_extras(self, extras: torch.Tensor) -> None:
         """Every rank's vectors of one log step (:meth:`_sample`): rank 0's goodput %, the explanation's."""
-        self._received_goodput_pct = float(extras[0, -1])
-        sampled_at = extras[0, 0]
-        if not math.isnan(sampled_at):  # NaN: not sent (a final exchange that did not complete)
-            self._explain.absorb(extras[:, :-1], measured=self.stats.is_measured(int(sampled_at)))
+        sampled_at, goodput_pct = float(extras[0, 0]), float(extras[0, -1])
+        if math.isnan(sampled_at):  # not sent (a final exchange that did not complete)
+            return
+        self._received_goodput_pct = goodput_pct
+        self._explain.absorb(extras[:, :-1], measured=self.stats.is_measured(int(sampled_at)))
 
     def _absorb(self, steps: torch.Tensor, extras: torch.Tensor | None = None) -> None:
         interval = self.stats.add(steps)
