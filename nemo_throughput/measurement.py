@@ -12,8 +12,10 @@ Hot path (every step): one clock mark per event, nothing read. Log step (every
 ``log_every_n_steps``): collect the previous steps, sample this rank's telemetry, start their
 all-gather, take the one started on the last log step, and hand it to the reporting thread
 (:class:`~nemo_throughput.background.OrderedWorker`), which folds it into the statistics, logs it,
-appends steps.jsonl and rebuilds the running summary; the loggers get its metrics at the next log
-step, on the training thread. The end of the run drains that thread before its final exchange.
+appends steps.jsonl, rebuilds the running summary and updates rank 0's Prometheus endpoint (where
+asked for); the loggers get its metrics at the next log step, on the training thread of the rank
+where the framework keeps them (Lightning's rank 0, Megatron-Bridge's last). The end of the run
+drains that thread before its final exchange.
 """
 
 from __future__ import annotations

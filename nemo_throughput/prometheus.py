@@ -2,8 +2,8 @@
 
 Rank 0 serves, one endpoint per run: every rank's step times and telemetry already reach it on
 the log steps' all-gather, so it alone knows the run's figures, and serving them needs no new
-collective. Scrape the node of rank 0 (the Kubernetes launcher's PodMonitor selects the master
-pod; under Slurm, the first node of the job); per-rank series carry ``rank``, ``node`` and ``gpu``.
+collective. Scrape the node of rank 0 (the Kubernetes launcher annotates the Master pod for it;
+under Slurm, the first node of the job); per-rank series carry ``rank``, ``node`` and ``gpu``.
 
 Every figure the loggers get (progress.LOGGED_METRICS) is a gauge ``nemo_throughput_<key>`` with
 ``window="interval"`` (the latest log interval's, as logged) and ``window="run"`` (the run's so
