@@ -5,7 +5,8 @@ Megatron-Bridge's writers live on its ``GlobalState``, on the last rank: a real 
 run started in a local file store, and a Comet experiment (offline: Comet's ``OfflineExperiment``,
 where Bridge makes an ``Experiment``), as Bridge's ``GlobalState`` properties make them. The
 ``GlobalState`` itself is test_megatron_bridge's stand-in (Bridge's own cannot be imported on
-Python 3.11); the writers in it are the real ones.
+Python 3.11); the writers in it are the real ones. A Lightning run of the same length logs to
+Lightning's own CSV, TensorBoard, W&B (offline) and MLflow loggers, read back the same way.
 """
 
 import csv
@@ -82,7 +83,7 @@ def _writers_worker(rank, output_dir):
     writers, run_id = {}, None
     if rank == 1:
         # COMET_DISABLE_AUTO_LOGGING: comet_ml would also patch TensorBoard's add_scalar into the experiment
-        os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", COMET_DISABLE_AUTO_LOGGING="1")
+        os.environ["COMET_DISABLE_AUTO_LOGGING"] = "1"
         import comet_ml
         import mlflow
         import wandb
@@ -109,26 +110,41 @@ def _writers_worker(rank, output_dir):
     return run_id
 
 
-def lightning_logged_keys(tmp_path):
-    """The keys a real Lightning run of the demo GPT logs to a CSVLogger (fixed-length batches, as above)."""
+def lightning_tracker_keys(directory):
+    """The ``throughput/`` keys a real Lightning run of the demo GPT (fixed-length batches, as above)
+    logs to each of its loggers: CSV, TensorBoard, W&B (offline) and MLflow (a local file store), read
+    back from their files. (Lightning's CometLogger disables an offline experiment: not among them.)"""
     import pytorch_lightning as pl
 
     from conftest import tiny_gpt_cfg
     from nemo_throughput import ThroughputCallback as LightningCallback
     from nemo_throughput.demo.gpt import DemoGPT
 
-    callback = LightningCallback(output_dir=str(tmp_path / "lightning"), log_every_n_steps=LOG_EVERY, warmup_steps=1)
-    logger = pl.loggers.CSVLogger(tmp_path / "csv")
-    pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=logger, enable_progress_bar=False,
+    loggers = {"csv": pl.loggers.CSVLogger(directory / "csv"),
+               "tensorboard": pl.loggers.TensorBoardLogger(directory / "tb"),
+               "wandb": pl.loggers.WandbLogger(project="throughput", save_dir=directory, offline=True),
+               "mlflow": pl.loggers.MLFlowLogger(experiment_name="throughput",
+                                                 tracking_uri=(directory / "mlruns").as_uri())}
+    callback = LightningCallback(output_dir=str(directory / "throughput"), log_every_n_steps=LOG_EVERY, warmup_steps=1)
+    pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=list(loggers.values()), enable_progress_bar=False,
                enable_model_summary=False, enable_checkpointing=False, callbacks=[callback],
                ).fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
-    with open(Path(logger.log_dir) / "metrics.csv") as file:
-        return {key for row in csv.DictReader(file) for key, value in row.items() if value}
+    for logger in loggers.values():
+        logger.finalize("success")
+    loggers["wandb"].experiment.finish()
+    with open(Path(loggers["csv"].log_dir) / "metrics.csv") as file:
+        csv_keys = {key for row in csv.DictReader(file) for key, value in row.items() if value}
+    keys = {"csv": csv_keys, "tensorboard": set(tensorboard_scalars(loggers["tensorboard"].log_dir)),
+            "wandb": {key for row in wandb_history(directory) for key in row},
+            "mlflow": set(mlflow_history((directory / "mlruns").as_uri(), loggers["mlflow"].run_id))}
+    return {tracker: {key for key in found if key.startswith("throughput/")} for tracker, found in keys.items()}
 
 
 @pytest.mark.slow
 def test_bridge_writers_on_the_last_rank_get_the_lightning_keys_with_the_run_s_values(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store only on request
+    # Offline W&B; MLflow 3 keeps its file store only on request. The spawned ranks inherit these.
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("MLFLOW_ALLOW_FILE_STORE", "true")):
+        monkeypatch.setenv(name, value)
     run_id = on_two_gloo_ranks(_writers_worker, tmp_path)[1]
     out = tmp_path / "out"
     tensorboard = tensorboard_scalars(out / "tb")
@@ -148,8 +164,9 @@ def test_bridge_writers_on_the_last_rank_get_the_lightning_keys_with_the_run_s_v
         assert [value for _, value in tensorboard[key]] == pytest.approx([value for _, value in points], rel=1e-6)
     # The same keys as a Lightning run's logger, but the phases Bridge's events cannot split.
     bridge_keys = {key.removeprefix("throughput/") for key in mlflow}
-    lightning_keys = {key.removeprefix("throughput/") for key in lightning_logged_keys(tmp_path)
-                      if key.startswith("throughput/")}
+    lightning = lightning_tracker_keys(tmp_path / "lightning")
+    assert all(keys == lightning["csv"] for keys in lightning.values()), lightning
+    lightning_keys = {key.removeprefix("throughput/") for key in lightning["csv"]}
     assert bridge_keys == lightning_keys - NOT_UNDER_BRIDGE
     # A CPU has no peak and no telemetry; fixed-length batches are not counted.
     assert lightning_keys == set(LOGGED_KEYS) - TELEMETRY_KEYS - {"mfu", "mfu_above_peak", "padding_share",
