@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_json
+from conftest import free_port, read_json
 from nemo_throughput.goodput import LEDGER_FILE, RUN_FILE, read_ledger
 from slurm_cluster import LocalSlurmCluster, missing_reason
 
@@ -38,7 +38,8 @@ def test_demo_across_two_nodes_through_the_generated_sbatch(cluster, tmp_path):
                "callbacks.throughput.log_every_n_steps=4", f"exp_manager.exp_dir={tmp_path / 'exp'}"]
     result = subprocess.run([bin_dir / "nemo-throughput", "launch", "slurm", "--nodes", "2", "--gpus-per-node", "1",
                              "--repeat", "2", "--label", "bare-metal", "--time", "10", "--results-dir", "runs",
-                             "--submit", "--", *command], capture_output=True, text=True, env=env, cwd=tmp_path)
+                             "--prometheus-port", str(port := free_port()), "--submit", "--", *command],
+                            capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     job_id = re.search(r"submitted: job (\d+)", result.stdout).group(1)
     state = cluster.wait_for_job(job_id, timeout_s=300)
@@ -57,6 +58,9 @@ def test_demo_across_two_nodes_through_the_generated_sbatch(cluster, tmp_path):
         assert summary["hardware"]["num_nodes"] == 2 and summary["hardware"]["num_gpus"] == 2
         assert summary["parallel"]["data"] == 2 and summary["timing"]["steps_measured"] == 6
     assert "repeat 2 of 2 on node[01-02]" in log.read_text()
+    # Rank 0 serves live metrics on the first node, each repeat in turn on the same port.
+    assert f"live metrics at http://node01:{port}/metrics" in log.read_text()
+    assert log.read_text().count(f"Prometheus metrics at http://0.0.0.0:{port}/metrics") == 2
 
 
 def test_hostile_values_reach_the_job_as_data(cluster, tmp_path):
