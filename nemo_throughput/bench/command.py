@@ -35,8 +35,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--output", type=Path, help="write the table (or JSON) to this file instead of stdout, as "
                                                    "report does; its directory must exist")
     bench.add_argument("--ranks", help="instead of the trials: the host cost of a log step and of an ordinary step "
-                                       "at these numbers of gloo ranks (CPU processes, e.g. 2,4,8), at 100, 1,000 "
-                                       "and 10,000 steps done")
+                                       "at these numbers of gloo ranks (CPU processes, e.g. 2,4,8)")
+    bench.add_argument("--steps-done", default="100,1000,10000",
+                       help="with --ranks: measure after this many steps of the run (100,1000,10000)")
     bench.set_defaults(handler=run_command)
 
 
@@ -62,16 +63,17 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run_log_step_command(args: argparse.Namespace) -> int:
     """``--ranks``: the log-step bench (nemo_throughput.bench.log_step) instead of the trials."""
-    from nemo_throughput.bench.log_step import parse_ranks, render_log_step, run_log_step_bench
+    from nemo_throughput.bench.log_step import parse_counts, render_log_step, run_log_step_bench
 
     try:
-        ranks = parse_ranks(args.ranks)
+        ranks = parse_counts("--ranks", args.ranks, "2,4,8")
+        steps_done = parse_counts("--steps-done", args.steps_done, "100,1000,10000")
         if args.output:
             check_output_file(args.output, "--output")
     except ValueError as error:
         print(f"nemo-throughput bench: {printable(error)}", file=sys.stderr)
         return 2
-    result = run_log_step_bench(ranks, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    result = run_log_step_bench(ranks, steps_done, progress=lambda line: print(line, file=sys.stderr, flush=True))
     return _write(json.dumps(result, indent=2) + "\n" if args.format == "json" else render_log_step(result),
                   args.output)
 

@@ -31,15 +31,15 @@ LOG_EVERY_N_STEPS = 10
 SAMPLES = 30  # log steps timed at each point
 
 
-def parse_ranks(text: str) -> tuple[int, ...]:
-    """``--ranks 2,4,8``: whole numbers of at least 1, each once."""
+def parse_counts(option: str, text: str, example: str) -> tuple[int, ...]:
+    """``--ranks 2,4,8``, ``--steps-done 100,1000``: whole numbers of at least 1, each once, in order."""
     try:
-        ranks = tuple(int(part) for part in text.split(","))
+        counts = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"--ranks {text!r}: expected comma-separated whole numbers, e.g. 2,4,8") from None
-    if any(n < 1 for n in ranks) or len(set(ranks)) != len(ranks):
-        raise ValueError(f"--ranks {text!r}: each rank count must be at least 1 and given once")
-    return ranks
+        raise ValueError(f"{option} {text!r}: expected comma-separated whole numbers, e.g. {example}") from None
+    if any(n < 1 for n in counts) or len(set(counts)) != len(counts):
+        raise ValueError(f"{option} {text!r}: each number must be at least 1 and given once")
+    return tuple(sorted(counts))
 
 
 def run_log_step_bench(ranks: tuple[int, ...], steps_done: tuple[int, ...] = DEFAULT_STEPS_DONE,
