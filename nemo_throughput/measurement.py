@@ -613,11 +613,15 @@ class Measurement:
             if self._done:
                 return  # the final one is written; never replace it with an older one
             if self.rank == 0:
-                self._summary_file.update(summary)
-                if self._endpoint is not None:
-                    self._endpoint.summary(summary)
+                self._publish(summary)
             else:
                 self._write_rank_file(summary, durable=False)
+
+    def _publish(self, summary: dict[str, Any]) -> None:
+        """Rank 0: a running or interrupted summary, to its file (in the background) and the endpoint."""
+        self._summary_file.update(summary)
+        if self._endpoint is not None:
+            self._endpoint.summary(summary)
 
     def _write_rank_file(self, summary: dict[str, Any], durable: bool) -> bool:
         # Never raise from here: an exception event must not replace the run's own error with ours.
@@ -678,9 +682,7 @@ class Measurement:
         with self._write_lock or contextlib.nullcontext():  # the watch checks and writes under it too
             received = self._sigterm is not None and self._sigterm.received
             if self.rank == 0 and not received and not self._done:
-                self._summary_file.update(summary)
-                if self._endpoint is not None:
-                    self._endpoint.summary(summary)
+                self._publish(summary)
         if received:
             self._write_at_sigterm()
 

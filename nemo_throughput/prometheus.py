@@ -24,7 +24,7 @@ from typing import Any
 
 from nemo_throughput.config import checked_prometheus
 from nemo_throughput.environment import ENV_PROMETHEUS_PORT, job_details
-from nemo_throughput.explain.telemetry import SLOWDOWN_REASONS, throttle_reason_names
+from nemo_throughput.explain.telemetry import throttled
 from nemo_throughput.explain.telemetry_stats import GIB
 from nemo_throughput.progress import LOGGED_METRICS, summary_metrics
 
@@ -43,8 +43,7 @@ PER_RANK = (
      lambda row: row["mem_peak_reserved_bytes"] / GIB),
     ("rank_sm_clock_mhz", "SM clock, MHz (NVML)", lambda row: row["sm_clock_mhz"]),
     ("rank_throttled", "1 when a power cap or a thermal or hardware slowdown lowers the clocks (NVML)",
-     lambda row: float(bool(set(throttle_reason_names(int(row["throttle_reasons"]))) & set(SLOWDOWN_REASONS)))
-     if math.isfinite(row["throttle_reasons"]) else math.nan),
+     lambda row: math.nan if (state := throttled(row["throttle_reasons"])) is None else float(state)),
 )
 
 

@@ -13,13 +13,13 @@ from ``cfg.mixed_precision`` (an fp8 recipe counts as fp8), the step from ``stat
 
 Bridge has no event inside a step: a step is timed from the end of the previous one to
 ``on_train_step_end`` (one clock mark per event), with the data wait up to
-``on_train_step_start``; forward/backward/optimizer phases stay null.
-
-The loggers' metrics (progress.LOGGED_METRICS) go to the writers Bridge's ``GlobalState`` holds
-(TensorBoard, Weights & Biases, MLflow, Comet: each None unless configured), on the rank they live on
-(the last), at our log steps. An iteration Bridge skipped
+``on_train_step_start``; forward/backward/optimizer phases stay null. An iteration Bridge skipped
 (``skipped_iter``: no optimizer update) is timed and exchanged like any step but left out of the
 statistics, counted in the summary's ``timing.skipped_steps`` and marked in steps.jsonl.
+
+The loggers' metrics (progress.LOGGED_METRICS) go to the writers Bridge's ``GlobalState`` holds
+(TensorBoard, Weights & Biases, MLflow, Comet: each None unless configured), on the rank they live
+on (the last), at our log steps.
 
 Nothing of Bridge is imported: Bridge's ``CallbackManager.add`` registers any object's methods
 named after its events, so importing this module needs neither Bridge nor its heavy dependencies

@@ -17,6 +17,7 @@ and :meth:`DeviceTelemetry.sources` says why. Nothing raises into training.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -66,6 +67,13 @@ CLOCKS_EVENT_REASONS: dict[int, str] = {
 SLOWDOWN_REASONS = ("SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown")
 
 NAN = float("nan")
+
+
+def throttled(bitmask: float) -> bool | None:
+    """Whether a clocks-event reasons mask (a float, as sampled) holds a slowdown; None: not read (NaN)."""
+    if math.isnan(bitmask):
+        return None
+    return any(name in SLOWDOWN_REASONS for name in throttle_reason_names(int(bitmask)))
 
 
 def throttle_reason_names(bitmask: int) -> list[str]:

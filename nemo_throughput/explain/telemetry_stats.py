@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nemo_throughput.explain.telemetry import FIELDS, NAN, SLOWDOWN_REASONS, throttle_reason_names
+from nemo_throughput.explain.telemetry import FIELDS, NAN, throttle_reason_names, throttled
 
 GIB = 1024**3
 JOULES_PER_KWH = 3.6e6
@@ -104,9 +104,8 @@ class TelemetryStats:
                                   ("power_w", "power_w", 1.0), ("sm_clock_mhz", "sm_clock_mhz", 1.0)):
             spread = stat([row[field] / scale for row in self.latest], self.places) if self.latest else None
             values.update({f"{key}_{name}": spread[name] if spread else None for name in ("min", "median", "max")})
-        masks = [row["throttle_reasons"] for row in self.latest if math.isfinite(row["throttle_reasons"])]
-        values["throttled_ranks"] = sum(bool(set(throttle_reason_names(int(mask))) & set(SLOWDOWN_REASONS))
-                                        for mask in masks) if masks else None
+        read = [state for row in self.latest if (state := throttled(row["throttle_reasons"])) is not None]
+        values["throttled_ranks"] = sum(read) if read else None
         energy, _ = self._energy(tokens_per_step) if self._any_value else (None, None)
         values.update({key: (energy or {}).get(key) for key in ("joules_per_token", "tokens_per_kwh")})
         return values
