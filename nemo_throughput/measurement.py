@@ -136,6 +136,8 @@ class Measurement:
         ``requested_dir`` is the adapter's default, used when no output_dir setting or variable is set;
         ``log_metrics``, called on ``log_rank`` (where the framework's loggers live), logs each interval."""
         self.rank, self._device, self._log_metrics, self._log_rank = rank, device, log_metrics, log_rank
+        # On every rank, before the first collective: a wrong value stops them all, none waits for rank 0.
+        prometheus = prometheus_setting(self.config.prometheus, os.environ)
         requested = self.config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR) or requested_dir
         # Checked now, not when the summary is first written at the end of hours of training.
         self.output_dir, facts.run_id = claim_output_dir_on_rank_zero(rank, requested, facts)
@@ -153,14 +155,11 @@ class Measurement:
         self._explain = RunExplanation(self.config, device, rank, facts.places, self.output_dir, records, backend)
         self._exchange = Exchange(extras_width=self._explain.width + 1)  # and the goodput %
         self._start_run_clock()
-        if rank == 0:
-            self._start_endpoint()
+        if rank == 0 and prometheus is not None:
+            self._start_endpoint(prometheus)
 
-    def _start_endpoint(self) -> None:
-        """Rank 0: serve live metrics where the prometheus setting (or its variable) asks for them."""
-        setting = prometheus_setting(self.config.prometheus, os.environ)
-        if setting is None:
-            return
+    def _start_endpoint(self, setting: dict[str, Any]) -> None:
+        """Rank 0: serve live metrics as the prometheus setting (or its variable) asks."""
         facts = self.facts
         labels = {"run": facts.name, "run_id": facts.run_id, "label": facts.label or "",
                   "model": facts.model_name or "", "job_id": job_id(os.environ)}

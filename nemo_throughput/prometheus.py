@@ -52,8 +52,8 @@ def prometheus_setting(setting: Mapping[str, Any] | None, env: Mapping[str, str]
     if setting is not None or not env.get(ENV_PROMETHEUS_PORT):
         return checked_prometheus(setting)
     port = env[ENV_PROMETHEUS_PORT].strip()
-    if not port.isdigit():
-        raise ValueError(f"{ENV_PROMETHEUS_PORT} must be a TCP port, got {port!r}")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{ENV_PROMETHEUS_PORT} must be a TCP port (0-65535; 0: any free one), got {port!r}")
     return checked_prometheus({"port": int(port)})
 
 

@@ -165,8 +165,9 @@ def test_the_endpoint_is_opt_in_by_setting_or_variable_and_a_taken_port_is_a_war
     for bad in ({"port": 70000}, {"addr": "x"}, {"port": "9464"}, {"port": 1, "linger_s": -1}, 9464):
         with pytest.raises(ValueError, match="prometheus"):
             ThroughputConfig(prometheus=bad)
-    with pytest.raises(ValueError, match="NEMO_THROUGHPUT_PROMETHEUS_PORT"):
-        prometheus_setting(None, {"NEMO_THROUGHPUT_PROMETHEUS_PORT": "http"})
+    for bad in ("http", "99999", "-1"):
+        with pytest.raises(ValueError, match="NEMO_THROUGHPUT_PROMETHEUS_PORT must be a TCP port"):
+            prometheus_setting(None, {"NEMO_THROUGHPUT_PROMETHEUS_PORT": bad})
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -174,3 +175,15 @@ def test_the_endpoint_is_opt_in_by_setting_or_variable_and_a_taken_port_is_a_war
                                       dict.fromkeys(("run", "run_id", "label", "model", "job_id"), "x"))
         assert not endpoint.serve()
     assert "Training goes on" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_wrong_port_variable_stops_every_rank_before_training_with_its_name(tmp_path, monkeypatch):
+    """Checked on every rank before the first collective: no rank waits for a rank 0 that is gone."""
+    monkeypatch.setenv("NEMO_THROUGHPUT_PROMETHEUS_PORT", "99999")
+    process = run_train_tiny("--output-dir", tmp_path, "--devices", 2, "--steps", 4)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    message = "ValueError: NEMO_THROUGHPUT_PROMETHEUS_PORT must be a TCP port (0-65535; 0: any free one), got '99999'"
+    assert f"[rank0]: {message}" in output and f"[rank1]: {message}" in output
+    assert "Connection closed by peer" not in output  # rank 1 met the error itself, not rank 0's death
