@@ -27,6 +27,7 @@ from nemo_throughput.environment import ENV_PROMETHEUS_PORT, job_details
 from nemo_throughput.explain.telemetry import throttled
 from nemo_throughput.explain.telemetry_stats import GIB
 from nemo_throughput.progress import LOGGED_METRICS, summary_metrics
+from nemo_throughput.summary import STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,6 @@ RUN_LABELS = ("run", "run_id", "label", "model", "job_id")  # on every series
 RANK_LABELS = ("rank", "node", "gpu")  # on the per-rank series
 # Global step times from tens of milliseconds (small models) to minutes (the largest, at scale).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
-STATUSES = ("running", "completed", "failed", "interrupted")
 # Per-rank gauges: (name, unit and meaning, the telemetry FIELDS value it shows).
 PER_RANK = (
     ("rank_power_w", "board power, W (NVML)", lambda row: row["power_w"]),
