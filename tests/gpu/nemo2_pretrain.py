@@ -98,6 +98,24 @@ class HookTrace(Callback):
         raw.unlink()
 
 
+def mock_dataset_makes_its_mask() -> None:
+    """Work around NeMo 2.5's MockDataModule: its ``setup()`` passes ``create_attention_mask``
+    positionally into ``_MockGPTDataset``'s ``seed`` parameter, so without Transformer Engine (which
+    needs no mask) no attention mask is made and ``gpt_forward_step`` asserts. A boolean seed is that
+    flag: put it where it belongs."""
+    from nemo.collections.llm.gpt.data import mock
+
+    init = mock._MockGPTDataset.__init__
+
+    def init_with_mask(self, tokenizer, name, num_samples, seq_length, seed=42, *args, **kwargs):
+        if isinstance(seed, bool):
+            kwargs.setdefault("create_attention_mask", seed)
+            seed = 42
+        init(self, tokenizer, name, num_samples, seq_length, seed, *args, **kwargs)
+
+    mock._MockGPTDataset.__init__ = init_with_mask
+
+
 def ours_of(trainer) -> ThroughputCallback:
     return next(c for c in trainer.callbacks if isinstance(c, ThroughputCallback))
 
@@ -197,6 +215,7 @@ def main() -> int:
     args.log_dir = args.log_dir or str(out / "nemo_logs")
     throughput_dir = str(out / "throughput")
 
+    mock_dataset_makes_its_mask()
     recipe = build_recipe(args, throughput_dir)
     pretrain = fdl.build(recipe)
     trainer = pretrain.keywords["trainer"]
@@ -227,7 +246,7 @@ def main() -> int:
     if args.cpu_check:
         return 0 if {"TimingCallback", "FLOPsMeasurementCallback", "ThroughputCallback"} <= set(names) else 1
 
-    summary = json.loads(next(Path(throughput_dir).glob("**/summary.json")).read_text())
+    summary = json.loads(Path(ours_of(trainer).summary_path).read_text())  # this run's, not an earlier one's
     result = compare(summary, nemo, args.warmup_steps, nemo_flops_per_step)
     result["trace"] = trace.found if trace else None
     (out / "nemo2_compare.json").write_text(json.dumps(result, indent=2) + "\n")

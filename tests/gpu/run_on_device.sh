@@ -9,13 +9,14 @@
 # installed together, once every part of the MANIFEST is there (`--stage-only`: stage, run nothing).
 # STEPS, comma-separated (default all; one call may run 10 minutes, so split them over two calls):
 #   tests        python -m pytest tests/gpu (timing vs truth, syncs, NCCL, peaks/MFU, compile/graphs,
-#                profiler trace of the hooks)                                   at most 300 s (estimate 4 min)
-#   bench        nemo-throughput bench --device cuda, GPT-3 126M, 5 rounds     at most 240 s (estimate 3 min)
+#                profiler trace of the hooks)                                   at most 150 s (65 s on an H200)
+#   bench        nemo-throughput bench --device cuda, GPT-3 126M, 5 rounds     at most 180 s
 #   nemo         NeMo 2 llm.pretrain GPT-3 126M, ours beside NeMo's timing and FLOPs callbacks, with a
-#                torch.profiler window over our hooks in steps 19-22            at most 240 s (estimate 2 min)
+#                torch.profiler window over our hooks in steps 19-22            at most 180 s (103 s on an H200)
 #   bench-large  the bench on GPT-3 2.7B (the largest for one 80 GB GPU), 3 rounds, no sync count
 #                                                                               at most 300 s (estimate 4 min)
-# So `--only tests,bench` and `--only nemo,bench-large` each fit one 10-minute device call.
+# So `--only tests,bench,nemo` (the proof, with the site archive) fits one call of at most 8 minutes and
+# leaves a 15-minute lease room for one rerun; `--only bench-large` takes a call of its own.
 # $OUT gets at most 8 files (the device tool's limit): run.txt (each step's status), the JSON results
 # (gpu_results.json, bench_<size>.json, nemo2_compare.json) and logs.tar.gz (every log, the junit XML,
 # the profiler traces, our summaries).
@@ -108,14 +109,14 @@ run_step() {  # run_step NAME SECONDS COMMAND...: log to logs/NAME.log, record t
     return 0
 }
 
-run_step tests 300 "$PY" -m pytest -v -rA -p no:cacheprovider tests/gpu --junitxml "$WORK/logs/tests_gpu.xml"
-run_step bench 240 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-126m --steps 60 --rounds 5 \
+run_step tests 150 "$PY" -m pytest -v -rA -p no:cacheprovider tests/gpu --junitxml "$WORK/logs/tests_gpu.xml"
+run_step bench 180 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-126m --steps 60 --rounds 5 \
     --conditions no-callback,nemo-throughput,lightning-throughput-monitor \
     --format json --output "$WORK/bench_gpt3-126m.json"
 if case ",$steps," in *,nemo,*) true ;; *) false ;; esac && [ -z "$nemo_complete" ]; then
     note "skip  nemo: the NeMo wheels are not all here (see above)"
 else
-    run_step nemo 240 env PYTHONPATH="$REPO:$SITE_NEMO:$SITE" "$PY" tests/gpu/nemo2_pretrain.py --out "$WORK/nemo2" \
+    run_step nemo 180 env PYTHONPATH="$REPO:$SITE_NEMO:$SITE" "$PY" tests/gpu/nemo2_pretrain.py --out "$WORK/nemo2" \
         --trace-steps 19:22
 fi
 run_step bench-large 300 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-2.7b --steps 30 \
