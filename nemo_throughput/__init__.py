@@ -2,20 +2,23 @@
 
 Layers, dependencies pointing one way (tests/test_structure.py checks the arrows):
 
-* base, what every layer shares: errors (the exceptions), text (text safe to print), window (the
-  step window of report, import and bench).
+* base, what every layer shares: errors (the exceptions), text (text safe to print), values (what
+  counts as a number: never a bool), window (the step window of report, import and bench).
 * core, no framework (torch at most): config (the settings), flops (FLOPs formulas),
   measured_flops (FLOPs counted on one real step), hardware (GPU peaks), megatron_config (a
   megatron-core config read duck-typed), throughput (rates, MFU), timing (the step clock),
-  run_stats (the statistics, plain Python), aggregation (the cross-rank exchange), summary (the run
-  summary), environment and redact (where a run ran, secrets left out), target (time to target),
+  run_stats (the statistics, plain Python), distributed (is a process group up; the set-up
+  collectives), aggregation (the cross-rank exchange), summary (the run summary), environment and
+  redact (where a run ran, secrets left out), target (time to target),
   batches (a batch's layout; packed and padded batches counted), goodput (a segment's ledger, the
   run's goodput across restarts), signals (SIGTERM), background (the reporting thread),
   progress (an interval's live line, the loggers' metrics and steps.jsonl rows), prometheus (the
   live /metrics endpoint), outputs (where commands write), presets
   (named model shapes); explain/ (run, telemetry, telemetry_stats, network, profiler, probe: why the
-  numbers are what they are); run_facts (a run's facts, worked out at set-up) and measurement (a
-  run's life cycle), which every adapter drives.
+  numbers are what they are); run_facts (a run's facts: worked out at set-up, frozen, and what the
+  run learns after); run/ (a measured run, which every adapter drives: measurement, its hot path and
+  life cycle; startup, the one set-up of every stack; reporting, each interval and the summary;
+  publishing, where the summary goes and how the run's end is written down).
 * adapters: lightning (the Lightning callback), megatron_bridge (the Bridge callback), nemo (NeMo
   model config readers), nemo_run (``nemo_callback``, the NeMo 2 / NeMo-Run entry), hydra (the job
   callback and Lightning's callbacks_factory).

@@ -30,11 +30,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from nemo_throughput.run_stats import COLUMNS, Interval, RunStats, SortedValues, rank_rows
+from nemo_throughput import distributed
+from nemo_throughput.run_stats import COLUMNS, rank_rows
 from nemo_throughput.timing import StepTimes
 
-__all__ = ["COLUMNS", "Exchange", "FinalSteps", "Gathered", "Interval", "RunStats", "SortedValues", "step_times",
-           "steps_tensor"]
+__all__ = ["Exchange", "FinalSteps", "Gathered", "step_times", "steps_tensor"]
 
 ENV_FINAL_EXCHANGE_TIMEOUT_S = "NEMO_THROUGHPUT_FINAL_EXCHANGE_TIMEOUT_S"
 DEFAULT_FINAL_EXCHANGE_TIMEOUT_S = 10.0  # well inside Slurm's KillWait and Kubernetes' grace period (30 s)
@@ -139,7 +139,7 @@ class Exchange:
 
     def __init__(self, extras_width: int = 0) -> None:
         self.extras_width = extras_width
-        self.distributed = dist.is_available() and dist.is_initialized()
+        self.distributed = distributed.is_up()
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.nccl = self.distributed and dist.get_backend() == "nccl"

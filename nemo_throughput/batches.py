@@ -3,14 +3,18 @@
 :func:`batch_layout` reads a batch's keys and shapes only. :class:`TokenCounter` counts packed and
 padded batches' real tokens and sum over sequences of length squared on the device, where the
 batch is, and hands each step's counts to the host behind the step's own end mark: no step waits
-for the device to count (docs/measurement.md, "Packed and padded batches")."""
+for the device to count (docs/measurement.md, "Packed and padded batches"). :class:`BatchCounting`
+is a run's: the layout its batches show, and their counts step by step."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 FIXED, PACKED, PADDED = "fixed", "packed", "padded"
 # NeMo 2's packed-sequence batches carry cu_seqlens (-1 padded); Megatron-Bridge's and Transformer
@@ -136,3 +140,66 @@ def _count(batch: Any) -> tuple[str, tuple[torch.Tensor, int]] | str:
     if values.dim() != 2:
         return f"{MASK_KEY} has {values.dim()} dimensions, not [rows, tokens]"
     return MASK_KEY, ((values != 0).sum(dim=1, dtype=torch.int64), slots)
+
+
+class BatchCounting:
+    """A run's batches, told by its adapter: the layout the first one shows, and where the batches
+    are packed or padded their counts (:class:`TokenCounter`), step by step. What it learns goes
+    into the run's ``learned`` facts (run_facts.Learned), on the training thread.
+
+    ``facts``: the set-up's (run_facts.RunFacts): their ``batch_layout`` is what the framework's
+    data config says; a run whose samples are not token sequences is not counted."""
+
+    def __init__(self, facts: Any, learned: Any, rank: int) -> None:
+        self._facts, self._learned, self._rank = facts, learned, rank
+        self._counter: TokenCounter | None = None
+
+    def seen(self, layout: str | None) -> None:
+        """The first training batch's layout (:func:`batch_layout`); None (no readable batch) keeps
+        what the framework's config said (NeMo 2's packed data module). Packed or padded batches
+        are counted from then on; where only the config says so, the config's tokens per step count
+        padding: the summary and a warning say so."""
+        if self._facts.seq_length is None:  # samples that are not token sequences
+            return
+        if layout in (PACKED, PADDED):
+            self._learned.batch_layout = layout
+            self._counter = TokenCounter()
+        elif layout is None and self._facts.batch_layout in (PACKED, PADDED) and self._counter is None:
+            self.not_counted(f"the {self._facts.batch_layout} layout comes from the data config, and the framework "
+                             "hands the training hooks no batch to count")
+        elif layout is not None:
+            self._learned.batch_layout = layout
+
+    def add_batch(self, batch: Any) -> None:
+        """A micro-batch of the step in progress, counted where the run's batches are packed or padded."""
+        counter = self._counter
+        if counter is not None and counter.unreadable is None:
+            counter.add_batch(batch)
+            if counter.unreadable is not None:
+                self.not_counted(counter.unreadable)
+
+    def add_counts(self, slots: Count, seqlen_sq: Count, source: str) -> None:
+        """A framework's own counts of the step in progress (token slots, sum of squared sequence
+        lengths; ints or device tensors), where it keeps them (Megatron-Bridge's FLOPs accumulators)."""
+        self._counter = self._counter or TokenCounter()
+        self._counter.add_counts(slots, seqlen_sq, source)
+
+    def not_counted(self, why: str) -> None:
+        """The run's batches are packed or padded, but cannot be counted: ``why``, in words."""
+        self._learned.batch_uncounted = why
+        if self._rank == 0:
+            log.warning("nemo-throughput: the training batches are %s, but %s: tokens/s, TFLOPS and MFU count global "
+                        "batch x seq_length = %s tokens per step, padding included, and attention as if every sample "
+                        "were seq_length long. Read them as an upper bound (batch.uncounted in the summary).",
+                        self._learned.batch_layout or self._facts.batch_layout, why,
+                        f"{self._facts.workload.tokens_per_step:,}")
+
+    def step_done(self) -> StepCounts | None:
+        """The step ended: its counts (None where not counted), the copy to the host enqueued."""
+        counter = self._counter
+        if counter is None:
+            return None
+        counts = counter.step_done()
+        if counts is not None and self._learned.batch_count_source is None:
+            self._learned.batch_count_source = counter.source
+        return counts

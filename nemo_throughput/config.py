@@ -12,6 +12,7 @@ from nemo_throughput.flops import FLOPS_FORMULAS, FORMULAS, MEASURED, ModelSpec,
 from nemo_throughput.hardware import DTYPES, check_dtype
 from nemo_throughput.target import checked_target
 from nemo_throughput.throughput import RATES
+from nemo_throughput.values import is_int, is_number
 
 
 @dataclass
@@ -99,9 +100,9 @@ class ThroughputConfig:
             _check_text(name, getattr(self, name))
         if self.output_dir is not None:
             self.output_dir = os.fspath(self.output_dir)
-        if _not_int(self.log_every_n_steps) or self.log_every_n_steps < 1:
+        if not is_int(self.log_every_n_steps) or self.log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be an integer >= 1, got {self.log_every_n_steps!r}")
-        if _not_int(self.warmup_steps) or self.warmup_steps < 0:
+        if not is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         for name in ("global_batch_size", "micro_batch_size", "seq_length"):
             value = getattr(self, name)
@@ -161,15 +162,11 @@ RATE_CHOICES = ("auto", *RATES)
 _CHOICES = {"rate": RATE_CHOICES, "flops_formula": FLOPS_FORMULAS, "dtype": DTYPES, "profile_mode": PROFILE_MODES}
 
 
-def _not_int(value: Any) -> bool:
-    return isinstance(value, bool) or not isinstance(value, int)
-
-
 def check_positive_number(name: str, value: Any, unit: str) -> None:
     """None, or a positive finite int/float (a bool or a numeric string is a mistake, not a number)."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise ValueError(f"{name} must be a number {unit}, got {value!r} ({type(value).__name__})")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number {unit}, got {value!r}")
@@ -216,7 +213,7 @@ def _checked_ranks(value: Any) -> tuple[int, ...]:
         raise ValueError(f"profile_trace_ranks must be a list of ranks, got {value!r}; "
                          "with Hydra: callbacks.throughput.profile_trace_ranks=[0]")
     for rank in value:
-        if _not_int(rank) or rank < 0:
+        if not is_int(rank) or rank < 0:
             raise ValueError(f"profile_trace_ranks must hold ranks (integers >= 0), got {rank!r}")
     return tuple(value)
 
@@ -246,11 +243,11 @@ def checked_prometheus(value: Any) -> dict[str, Any] | None:
     if unknown or "port" not in value:
         raise ValueError(f"prometheus needs port (and may have addr, linger_s); got unknown {unknown}; {example}")
     port, addr, linger_s = value["port"], value.get("addr", "0.0.0.0"), value.get("linger_s", 0.0)
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_int(port) or not 0 <= port <= 65535:
         raise ValueError(f"prometheus.port must be a TCP port (0-65535; 0: any free one), got {port!r}")
     if not isinstance(addr, str) or not addr:
         raise ValueError(f"prometheus.addr must be the address to listen on (e.g. 0.0.0.0), got {addr!r}")
-    if isinstance(linger_s, bool) or not isinstance(linger_s, (int, float)) or not 0 <= linger_s < math.inf:
+    if not is_number(linger_s) or not 0 <= linger_s < math.inf:
         raise ValueError(f"prometheus.linger_s must be seconds >= 0, got {linger_s!r}")
     return {"port": port, "addr": addr, "linger_s": float(linger_s)}
 

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nemo_throughput.values import is_int
+
 FORMULAS = ("megatron", "dgxc")
 MEASURED = "measured"  # not a formula: the FLOPs of one real training step, counted (measured_flops.py)
 FLOPS_FORMULAS = (*FORMULAS, MEASURED)  # the choices of the flops_formula setting
@@ -137,7 +139,7 @@ class ModelSpec:
         if self.num_moe_experts is None:
             return [0] * self.num_layers
         freq = self.moe_layer_freq
-        if isinstance(freq, int) and not isinstance(freq, bool):
+        if is_int(freq):
             require_positive_int("moe_layer_freq", freq)
             return [1 if i % freq == 0 else 0 for i in range(self.num_layers)]
         pattern = [int(x) for x in freq]
@@ -221,20 +223,16 @@ def _check_field_type(name: str, value: Any, prefix: str = "ModelSpec: ") -> Non
         if not isinstance(value, bool):
             raise ValueError(f"{prefix}{name} must be true or false, got {value!r} ({type(value).__name__}).")
     elif name == "moe_layer_freq":
-        if _is_int(value):
+        if is_int(value):
             require_positive_int(name, value, prefix)
-        elif isinstance(value, str) or not isinstance(value, Sequence) or not all(_is_int(x) for x in value):
+        elif isinstance(value, str) or not isinstance(value, Sequence) or not all(is_int(x) for x in value):
             raise ValueError(f"{prefix}{name} must be a positive integer or a list of 0/1 per layer, "
                              f"got {value!r} ({type(value).__name__}).")
     else:
         require_positive_int(name, value, prefix)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def require_positive_int(name: str, value: Any, prefix: str = "ModelSpec: ") -> None:
     """Raise ValueError naming ``name`` unless ``value`` is an int > 0 (a bool is not one)."""
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{prefix}{name} must be a positive integer, got {value!r}.")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import mmap
 import os
 import time
@@ -284,6 +285,7 @@ class RunGoodput:
         self._root, self._output_dir = os.path.abspath(requested_dir), Path(output_dir)
         self._run_id: str | None = None
         self._earlier: list[Segment] = []
+        self.goodput_pct = math.nan  # the run's goodput % as of the latest section (NaN: none yet)
 
     def start(self, steps_done: int, segment_run_id: str, env: Mapping[str, str] = os.environ) -> Segment | None:
         """Training starts at ``steps_done``: the segment this one continues (None: it starts a run)."""
@@ -296,6 +298,9 @@ class RunGoodput:
         self.ledger.start_training(steps_done, {
             "run_id": self._run_id, "segment_run_id": segment_run_id, "segment": len(self._earlier) + 1,
             "scheduler_key": key, "restart_count": restarts, "root": self._root})
+        if previous is not None:
+            log.info("nemo-throughput: this run continues run %s (segment %d, resumed at step %d; the last "
+                     "segment reached step %d)", previous.run_id, self.segment, steps_done, previous.last_step)
         return previous
 
     @property
@@ -313,6 +318,8 @@ class RunGoodput:
             write_json_atomic(path, goodput, durable=False)
         except (OSError, ValueError) as error:  # the summary still holds it
             log.warning("nemo-throughput: could not write %s: %s", path, error)
+        if goodput["goodput_pct"] is not None:
+            self.goodput_pct = goodput["goodput_pct"]
         return {"file": os.path.relpath(path, self._output_dir), "segment": self.segment,
                 **{key: value for key, value in goodput.items() if key != "schema"}}
 

@@ -14,13 +14,20 @@ which is a warm-up step and left out of the statistics anyway.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch.utils.flop_counter import FlopCounterMode
 
 from nemo_throughput.flops import MEASURED
 
-__all__ = ["MEASURED", "MeasuredFlops", "StepFlopCounter", "flops_per_sample"]
+if TYPE_CHECKING:
+    from nemo_throughput.run_facts import Learned, RunFacts
+
+__all__ = ["MEASURED", "FirstStepFlops", "MeasuredFlops", "StepFlopCounter", "flops_per_sample"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,3 +112,47 @@ def flops_per_sample(measured: MeasuredFlops, model_parallel: int = 1) -> float:
                          "knows (no matmul, convolution or attention ran inside the step); set flops_per_sample=... "
                          "instead.")
     return measured.total * model_parallel / measured.samples
+
+
+class FirstStepFlops:
+    """A run's count: its first optimizer step (``start_step + 1``) counted on every rank, then
+    its FLOPs per sample learned, from then on the run's."""
+
+    def __init__(self, start_step: int) -> None:
+        self._start_step = start_step
+        self._counter = StepFlopCounter()
+
+    def step_start(self, steps_done: int) -> None:
+        """A micro-batch starts: the run's first one starts the count; a later one of the counted
+        step starts a new forward."""
+        if self._counter.counting:
+            self._counter.forward_starts()
+        elif steps_done == self._start_step:
+            self._counter.start()
+
+    def backward_starts(self) -> None:
+        self._counter.backward_starts()
+
+    def step_end(self, step: int, facts: RunFacts, learned: Learned, rank: int) -> bool:
+        """The counted step ended: its counts and FLOPs per sample go into ``learned``. True when
+        counting is over (it ended, or the step was not counted)."""
+        if not self._counter.counting:
+            return False
+        data_parallel = facts.parallel["data"]
+        counted = self._counter.stop(samples=facts.global_batch_size // data_parallel)
+        learned.measured_flops = counted.to_dict()
+        try:
+            learned.flops_per_sample = flops_per_sample(counted, facts.num_gpus // data_parallel)
+        except ValueError as error:  # known only now: the run goes on without model TFLOPS and MFU
+            if rank == 0:
+                log.warning("nemo-throughput: %s Model TFLOPS and MFU stay null for this run.", error)
+            return True
+        if rank == 0:
+            log.info("nemo-throughput: measured %.4g model FLOPs per sample (forward %.4g, backward %.4g FLOPs "
+                     "on this rank's %d samples of step %d)", learned.flops_per_sample, counted.forward,
+                     counted.backward, counted.samples, step)
+        return True
+
+    def abandon(self) -> None:
+        """The run ends inside the counted step: no count."""
+        self._counter.abandon()

@@ -3,46 +3,34 @@ keys, :data:`LOGGED_METRICS`) and the steps.jsonl rows, made on the reporting th
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from nemo_throughput.aggregation import Interval, RunStats, step_times
+from nemo_throughput.aggregation import step_times
 from nemo_throughput.explain.telemetry import SLOWDOWN_REASONS
+from nemo_throughput.run_stats import Interval, RunStats
+from nemo_throughput.throughput import METRICS, Metric
 from nemo_throughput.timing import StepTimes
 
 
-class LoggedMetric(NamedTuple):
-    """A key the loggers get at each log step, under ``throughput/``."""
-
-    key: str
-    unit: str
-    meaning: str
-
-
-def _over_ranks(key: str, unit: str, what: str) -> tuple[LoggedMetric, ...]:
-    return tuple(LoggedMetric(f"{key}_{stat}", unit, f"{what}: {stat} over ranks")
+def _over_ranks(key: str, unit: str, what: str) -> tuple[Metric, ...]:
+    return tuple(Metric(f"{key}_{stat}", unit, f"{what}: {stat} over ranks")
                  for stat in ("min", "median", "max"))
 
 
+# The keys the loggers get at each log step, under ``throughput/``: the rates, then the interval's own.
 LOGGED_METRICS = (
-    LoggedMetric("tokens_per_s", "tokens/s", "all GPUs; real tokens where packed or padded batches are counted"),
-    LoggedMetric("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / GPUs"),
-    LoggedMetric("tokens_per_s_with_padding", "tokens/s", "token slots/s, padding included (counted batches only)"),
-    LoggedMetric("samples_per_s", "samples/s", "all GPUs"),
-    LoggedMetric("model_tflops_per_gpu", "TFLOPS", "model FLOPs per step / step time / GPUs"),
-    LoggedMetric("mfu", "fraction", "model_tflops_per_gpu / the dtype's dense peak (absent above 1)"),
-    LoggedMetric("mfu_above_peak", "fraction", "the MFU computed when above 1: the peak or the FLOPs are wrong"),
-    LoggedMetric("days_to_train_1t_tokens", "days", "10^12 tokens at tokens_per_s"),
-    LoggedMetric("step_time_s", "s", "the interval's mean global (slowest-rank) step time"),
-    LoggedMetric("slowest_rank", "rank", "the rank longest before its first collective in the interval"),
-    LoggedMetric("straggler_excess_pct", "%", "the run's slowest rank so far: its time above the median rank's"),
-    LoggedMetric("data_s", "s", "waiting for the batch, mean over the interval's steps and ranks"),
-    LoggedMetric("forward_s", "s", "forward, mean over the interval's steps and ranks"),
-    LoggedMetric("backward_s", "s", "backward and gradient reduction, mean over the interval's steps and ranks"),
-    LoggedMetric("optimizer_s", "s", "optimizer step, mean over the interval's steps and ranks"),
-    LoggedMetric("padding_share", "fraction", "of the token slots, where packed or padded batches are counted"),
-    LoggedMetric("goodput_pct", "%", "the run's goodput so far (productive step time / wall time, across its "
+    *METRICS,
+    Metric("step_time_s", "s", "the interval's mean global (slowest-rank) step time"),
+    Metric("slowest_rank", "rank", "the rank longest before its first collective in the interval"),
+    Metric("straggler_excess_pct", "%", "the run's slowest rank so far: its time above the median rank's"),
+    Metric("data_s", "s", "waiting for the batch, mean over the interval's steps and ranks"),
+    Metric("forward_s", "s", "forward, mean over the interval's steps and ranks"),
+    Metric("backward_s", "s", "backward and gradient reduction, mean over the interval's steps and ranks"),
+    Metric("optimizer_s", "s", "optimizer step, mean over the interval's steps and ranks"),
+    Metric("padding_share", "fraction", "of the token slots, where packed or padded batches are counted"),
+    Metric("goodput_pct", "%", "the run's goodput so far (productive step time / wall time, across its "
                  "restarts), as of the previous log step"),
 )
 # From each rank's device telemetry (explain.telemetry): absent where the device has none (a CPU).
@@ -50,11 +38,11 @@ TELEMETRY_METRICS = (
     *_over_ranks("memory_reserved_gib", "GiB", "the allocator's reserved peak so far, at the latest log step"),
     *_over_ranks("power_w", "W", "board power at the latest log step (NVML)"),
     *_over_ranks("sm_clock_mhz", "MHz", "SM clock at the latest log step (NVML)"),
-    LoggedMetric("throttled_ranks", "ranks", "ranks whose clocks a power cap or a thermal or hardware slowdown "
+    Metric("throttled_ranks", "ranks", "ranks whose clocks a power cap or a thermal or hardware slowdown "
                  "lowered at the latest log step (NVML clocks-event reasons)"),
-    LoggedMetric("joules_per_token", "J/token", "the run's energy so far (NVML energy counters of every GPU) "
+    Metric("joules_per_token", "J/token", "the run's energy so far (NVML energy counters of every GPU) "
                  "per token"),
-    LoggedMetric("tokens_per_kwh", "tokens/kWh", "the inverse of joules_per_token, in tokens per kilowatt-hour"),
+    Metric("tokens_per_kwh", "tokens/kWh", "the inverse of joules_per_token, in tokens per kilowatt-hour"),
 )
 LOGGED_METRICS += TELEMETRY_METRICS
 LOGGED_KEYS = tuple(metric.key for metric in LOGGED_METRICS)

@@ -1,5 +1,6 @@
-"""A run's facts, worked out once at set-up: model shape, batch, rate, FLOPs per sample, GPU and
-peak, parallel layout, environment (:class:`~nemo_throughput.summary.RunFacts`).
+"""A run's facts: what is known before its first step (:class:`RunFacts`), worked out once at
+set-up from the settings and the framework's config (:func:`resolve_run_facts`), and what the run
+learns after (:class:`Learned`).
 
 Explicit settings come first, then what the framework's config says (each adapter reads its own
 and calls :func:`resolve_run_facts`). A fact that cannot be worked out, or that contradicts
@@ -8,21 +9,131 @@ another, stops the run at set-up with a message naming the setting that fixes it
 
 from __future__ import annotations
 
-import contextlib
-import logging
+import datetime as dt
+import functools
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime, timezone
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import environment
-from nemo_throughput.config import ThroughputConfig
-from nemo_throughput.flops import MEASURED, ModelSpec, model_flops_per_sample
+from nemo_throughput.config import ThroughputConfig, check_positive_number
+from nemo_throughput.flops import FLOPS_FORMULAS, MEASURED, ModelSpec, model_flops_per_sample, require_positive_int
 from nemo_throughput.hardware import LOW_PRECISION, device_name, resolve_peak
-from nemo_throughput.summary import USER_FLOPS, OutputDirError, RunFacts, claim_output_dir
+from nemo_throughput.throughput import RATES, Workload
 
 if TYPE_CHECKING:
     import torch
+
+USER_FLOPS = "user"  # model.flops_formula when flops_per_sample was given, not computed
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What is known about a run before its first step; the summary adds the measurements.
+
+    Frozen: a measured run's facts are worked out once, at set-up. What the run learns later
+    (:class:`Learned`) comes back as a new RunFacts, a snapshot that one thread hands another."""
+
+    name: str
+    label: str
+    global_batch_size: int | None  # None only for an imported result that does not state it
+    micro_batch_size: int | None
+    seq_length: int | None  # None: samples are not token sequences, the rate is samples/s
+    model_name: str
+    model_spec: ModelSpec | None  # None when flops_per_sample was given and the shape is unknown
+    # a name of flops.FLOPS_FORMULAS, USER_FLOPS when flops_per_sample was given, None when an imported result
+    # does not say
+    flops_formula: str | None
+    flops_per_sample: float | None  # None while a measured count is not known yet
+    gpu_name: str
+    num_gpus: int
+    num_nodes: int
+    dtype: str | None
+    peak_tflops: float | None
+    peak_source: str | None  # "table:<part>", "user", or None when unknown
+    precision_mix: dict[str, Any] | None = None  # an fp8/fp4 run: what its MFU is relative to (run_facts.precision_mix)
+    batch_layout: str | None = None  # batches.batch_layout of the first training batch; None: not seen or not readable
+    batch_uncounted: str | None = None  # why packed or padded batches were not counted (batches.TokenCounter)
+    # where packed or padded batches are counted from (a batch key, a framework's accumulators); None: not counted
+    batch_count_source: str | None = None
+    parallel: dict[str, int] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    places: list[dict[str, Any]] = field(default_factory=list)  # per rank: rank, host, gpu_index
+    settings: dict[str, Any] = field(default_factory=dict)
+    started_at: str = field(default_factory=lambda: now_iso())
+    source: str = "callback"  # or "import:<log format>"
+    run_id: str = field(default_factory=lambda: new_run_id())  # unique per run, also in each steps.jsonl row
+    # {"path": "steps.jsonl", "complete": bool, "error": str | None} when per-step rows are written
+    steps_jsonl: dict[str, Any] | None = None
+    # flops_formula "measured": this rank's counts of the counted step (MeasuredFlops.to_dict())
+    measured_flops: dict[str, Any] | None = None
+    rate: str = "tokens"  # the primary rate: a key of throughput.RATES
+
+    def __post_init__(self) -> None:
+        """Impossible values are refused here, naming them, whoever builds the facts (callback, import)."""
+        for name in ("name", "model_name"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"run {name} must be a non-empty string, got {getattr(self, name)!r}")
+        if not isinstance(self.label, str):
+            raise ValueError(f"run label must be a string, got {self.label!r} ({type(self.label).__name__})")
+        for name in ("num_gpus", "num_nodes"):
+            require_positive_int(name, getattr(self, name), prefix="")
+        if self.num_nodes > self.num_gpus:
+            raise ValueError(f"num_nodes {self.num_nodes} is more than num_gpus {self.num_gpus}: every node runs at "
+                             "least one GPU; check the node and GPU counts given")
+        for name in ("global_batch_size", "micro_batch_size", "seq_length"):
+            if getattr(self, name) is not None:
+                require_positive_int(name, getattr(self, name), prefix="")
+        if self.rate not in RATES or (self.rate == "tokens" and self.seq_length is None):
+            raise ValueError(f"rate must be one of {list(RATES)} (tokens only with a seq_length), got {self.rate!r}")
+        if self.flops_formula not in (*FLOPS_FORMULAS, USER_FLOPS, None):
+            raise ValueError(f"flops_formula must be one of {[*FLOPS_FORMULAS, USER_FLOPS, None]}, "
+                             f"got {self.flops_formula!r}")
+        check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
+        check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
+
+    @functools.cached_property
+    def spec_dict(self) -> dict[str, Any] | None:
+        return self.model_spec.to_dict() if self.model_spec is not None else None
+
+    @property
+    def workload(self) -> Workload:
+        return Workload(
+            global_batch_size=self.global_batch_size,
+            seq_length=self.seq_length,
+            num_gpus=self.num_gpus,
+            flops_per_sample=self.flops_per_sample,
+            peak_tflops=self.peak_tflops,
+        )
+
+
+@dataclass
+class Learned:
+    """What a measured run learns after set-up, each field None until learned: the batches' layout
+    as the first one shows it, why packed or padded batches could not be counted and where they are
+    counted from, a measured FLOPs count. Written on the training thread only; other threads get
+    :meth:`facts`, a frozen snapshot."""
+
+    batch_layout: str | None = None
+    batch_uncounted: str | None = None
+    batch_count_source: str | None = None
+    flops_per_sample: float | None = None
+    measured_flops: dict[str, Any] | None = None  # measured_flops.MeasuredFlops.to_dict()
+
+    def facts(self, known: RunFacts) -> RunFacts:
+        """``known`` (the set-up's facts) with what has been learned so far."""
+        learned = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return replace(known, **learned) if learned else known
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any], source: str | None,
@@ -44,40 +155,19 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
     spec = _model_spec(config, shape, source)
     _refuse_formula_gaps(config, formula_gaps)
     rate = _primary_rate(config, shape.get("seq_length"))
-    model_parallel = 1
-    for name in ("tensor", "pipeline", "context"):
-        model_parallel *= parallel.get(name, 1)
-    if world_size % model_parallel:
-        raise ValueError(f"World size {world_size} is not a multiple of tensor x pipeline x context "
-                         f"parallel size {model_parallel} read from the model config.")
-    data_parallel = world_size // model_parallel
-
+    data_parallel = _data_parallel(parallel, world_size)
     micro_batch_size = config.micro_batch_size or micro_batch_size
-    global_batch_size = config.global_batch_size or global_batch_size
-    if global_batch_size is None and micro_batch_size is not None:
-        global_batch_size = micro_batch_size * batches_per_step * data_parallel
-    if global_batch_size is None:
-        raise ValueError(
-            "nemo-throughput cannot tell the global batch size (samples per optimizer step) from this "
-            "model: pass global_batch_size=... or micro_batch_size=... to ThroughputCallback "
-            "(callbacks.throughput.global_batch_size=... with Hydra)."
-        )
-    _check_batch(global_batch_size, micro_batch_size, data_parallel)
-
+    global_batch_size = _global_batch_size(config.global_batch_size or global_batch_size, micro_batch_size,
+                                           batches_per_step, data_parallel)
     gpu_name = device_name(device)
     dtype = config.dtype or framework_dtype
     peak, peak_source = resolve_peak(config.peak_tflops, gpu_name, dtype)
 
-    orchestrator = environment.detect_orchestrator()
-    model_name = config.model_name or (spec.default_name() if spec else None)
-    if model_name is None:
-        raise ValueError("nemo-throughput cannot name the model: its FLOPs are given or measured and its shape is "
-                         "not known, so no parameter count to name it after. Pass model_name=... "
-                         "(callbacks.throughput.model_name=... with Hydra).")
-    started = datetime.now(timezone.utc)
+    model_name = _model_name(config, spec)
+    started = dt.datetime.now(dt.timezone.utc)
     return RunFacts(
         name=config.run_name or f"{model_name}_{num_nodes}n{world_size}g_{started:%Y%m%dT%H%M%SZ}",
-        label=config.run_label or os.environ.get(environment.ENV_RUN_LABEL) or orchestrator,
+        label=config.run_label or os.environ.get(environment.ENV_RUN_LABEL) or environment.detect_orchestrator(),
         global_batch_size=global_batch_size,
         micro_batch_size=micro_batch_size,
         seq_length=shape.get("seq_length") or None,
@@ -124,11 +214,31 @@ def mfu_above_peak_warning(facts: RunFacts, fraction: float) -> str:
             "null; throughput.mfu_above_peak keeps the figure.")
 
 
-def _check_batch(global_batch_size: int, micro_batch_size: int | None, data_parallel: int) -> None:
-    """One optimizer step trains micro_batch_size samples on each data-parallel rank at least, in
-    whole micro-batches: a global batch that is not a multiple of that would make every rate wrong."""
+def _data_parallel(parallel: Mapping[str, int], world_size: int) -> int:
+    """The data-parallel size: the world over tensor x pipeline x context parallel sizes."""
+    model_parallel = 1
+    for name in ("tensor", "pipeline", "context"):
+        model_parallel *= parallel.get(name, 1)
+    if world_size % model_parallel:
+        raise ValueError(f"World size {world_size} is not a multiple of tensor x pipeline x context "
+                         f"parallel size {model_parallel} read from the model config.")
+    return world_size // model_parallel
+
+
+def _global_batch_size(global_batch_size: int | None, micro_batch_size: int | None, batches_per_step: int,
+                       data_parallel: int) -> int:
+    """Samples per optimizer step, as given or from the micro-batches (refused where they disagree).
+    One optimizer step trains micro_batch_size samples on each data-parallel rank at least, in whole
+    micro-batches: a global batch that is not a multiple of that would make every rate wrong."""
+    if global_batch_size is None and micro_batch_size is not None:
+        global_batch_size = micro_batch_size * batches_per_step * data_parallel
+    if global_batch_size is None:
+        raise ValueError(
+            "nemo-throughput cannot tell the global batch size (samples per optimizer step) from this "
+            "model: pass global_batch_size=... or micro_batch_size=... to ThroughputCallback "
+            "(callbacks.throughput.global_batch_size=... with Hydra).")
     if micro_batch_size is None:
-        return
+        return global_batch_size
     per_pass = micro_batch_size * data_parallel
     if global_batch_size % per_pass:
         raise ValueError(
@@ -136,6 +246,16 @@ def _check_batch(global_batch_size: int, micro_batch_size: int | None, data_para
             f"{micro_batch_size} x data-parallel size {data_parallel} = {per_pass} (one micro-batch on every "
             "data-parallel rank is the least a step trains). Correct global_batch_size or micro_batch_size "
             "(callbacks.throughput.global_batch_size=... with Hydra).")
+    return global_batch_size
+
+
+def _model_name(config: ThroughputConfig, spec: ModelSpec | None) -> str:
+    model_name = config.model_name or (spec.default_name() if spec else None)
+    if model_name is None:
+        raise ValueError("nemo-throughput cannot name the model: its FLOPs are given or measured and its shape is "
+                         "not known, so no parameter count to name it after. Pass model_name=... "
+                         "(callbacks.throughput.model_name=... with Hydra).")
+    return model_name
 
 
 def _flops_per_sample(config: ThroughputConfig, spec: ModelSpec | None) -> float | None:
@@ -178,12 +298,12 @@ def _refuse_formula_gaps(config: ThroughputConfig, gaps: Sequence[str]) -> None:
             "(flops_formula: measured, Lightning only).")
 
 
-def _model_spec(config: ThroughputConfig, fields: dict[str, Any], source: str | None) -> ModelSpec | None:
+def _model_spec(config: ThroughputConfig, shape: dict[str, Any], source: str | None) -> ModelSpec | None:
     """The model shape; None only when flops_per_sample is given or measured (then nothing of it is
     needed: without a seq_length the rate is samples/s)."""
     given_flops = config.flops_per_sample is not None or config.flops_formula == MEASURED
     required = ("seq_length",) if given_flops and config.rate == "tokens" else () if given_flops else _SHAPE_REQUIRED
-    missing = [name for name in required if not fields.get(name)]
+    missing = [name for name in required if not shape.get(name)]
     if missing:
         found = f" (read from the model's {source})" if source else ""
         raise ValueError(
@@ -191,55 +311,6 @@ def _model_spec(config: ThroughputConfig, fields: dict[str, Any], source: str | 
             f"ThroughputCallback(model_spec={{{', '.join(f'{n!r}: ...' for n in missing)}}}) or, with Hydra, "
             f"callbacks.throughput.model_spec.{missing[0]}=... (and seq_length=... for the sequence length)."
         )
-    if given_flops and not all(fields.get(name) for name in _SHAPE_REQUIRED):
+    if given_flops and not all(shape.get(name) for name in _SHAPE_REQUIRED):
         return None
-    return ModelSpec.from_dict(fields)
-
-
-@contextlib.contextmanager
-def warnings_on_rank_zero(rank: int) -> Iterator[None]:
-    """Silence set-up warnings (such as an unknown GPU peak) on all ranks but rank 0."""
-    package_log = logging.getLogger("nemo_throughput")
-    level = package_log.level
-    if rank != 0:
-        package_log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        package_log.setLevel(level)
-
-
-def gather_rank_records() -> list[dict[str, Any]]:
-    """Every rank's node and communication settings, gathered once at set-up (one small collective)."""
-    import torch.distributed as dist  # here: importing this module (the importers use its warning) loads no torch
-
-    record = environment.rank_record()
-    if not (dist.is_available() and dist.is_initialized()):
-        return [record]
-    records: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(records, record)
-    return records
-
-
-def claim_output_dir_on_rank_zero(rank: int, requested: str, facts: RunFacts) -> tuple[str, str]:
-    """Rank 0 makes the output directory this run's own (and probes that it can write there);
-    every rank learns the outcome (one small collective), so that all fail together, not rank 0
-    alone while the others wait for it. Returns (directory, run id)."""
-    import torch.distributed as dist  # here, as in gather_rank_records
-
-    outcome: dict[str, Any] = {"directory": requested, "run_id": facts.run_id, "error": None}
-    failure = None
-    if rank == 0:
-        try:
-            outcome["directory"] = str(claim_output_dir(requested, facts.name, facts.run_id))
-        except OutputDirError as error:
-            failure, outcome["error"] = error, str(error)
-    if dist.is_available() and dist.is_initialized():
-        shared = [outcome]
-        dist.broadcast_object_list(shared, src=0)
-        outcome = shared[0]
-    if failure is not None:
-        raise failure
-    if outcome["error"]:
-        raise OutputDirError(f"{outcome['error']} (on rank 0)")
-    return outcome["directory"], outcome["run_id"]
+    return ModelSpec.from_dict(shape)

@@ -2,116 +2,37 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import errno
-import functools
 import json
 import logging
 import os
 import secrets
 import socket
 import threading
-import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_throughput.config import check_positive_number
 from nemo_throughput.errors import NemoThroughputError
-from nemo_throughput.flops import CAUSAL_ATTENTION, FLOPS_FORMULAS, MEASURED, ModelSpec, require_positive_int
+from nemo_throughput.flops import CAUSAL_ATTENTION, MEASURED
+from nemo_throughput.run_facts import RunFacts, now_iso
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import RATES, CountedStep, Workload
 from nemo_throughput.timing import PHASE_TIMES
 
 if TYPE_CHECKING:
-    from nemo_throughput.aggregation import RunStats  # torch: not loaded to read or check a summary
+    from nemo_throughput.run_stats import RunStats
 
 log = logging.getLogger(__name__)
 
 SCHEMA = SUMMARY_SCHEMA_ID
 STATUSES = ("running", "completed", "failed", "interrupted")
-USER_FLOPS = "user"  # model.flops_formula when flops_per_sample was given, not computed
 STEPS_FILE = "steps.jsonl"
 EXPLAINED = ("telemetry", "communication", "network", "probe")  # sections explaining the numbers
 CLAIM_FILE = ".nemo-throughput-run.json"  # which run owns an output directory
 _MAX_SAME_NAME = 1000  # runs of one name in one output directory: <name>, <name>-2, ...
-
-
-@dataclass
-class RunFacts:
-    """What is known about a run before its first step; the summary adds the measurements."""
-
-    name: str
-    label: str
-    global_batch_size: int | None  # None only for an imported result that does not state it
-    micro_batch_size: int | None
-    seq_length: int | None  # None: samples are not token sequences, the rate is samples/s
-    model_name: str
-    model_spec: ModelSpec | None  # None when flops_per_sample was given and the shape is unknown
-    # a name of flops.FLOPS_FORMULAS, USER_FLOPS when flops_per_sample was given, None when an imported result
-    # does not say
-    flops_formula: str | None
-    flops_per_sample: float | None  # None while a measured count is not known yet
-    gpu_name: str
-    num_gpus: int
-    num_nodes: int
-    dtype: str | None
-    peak_tflops: float | None
-    peak_source: str | None  # "table:<part>", "user", or None when unknown
-    precision_mix: dict[str, Any] | None = None  # an fp8/fp4 run: what its MFU is relative to (run_facts.precision_mix)
-    batch_layout: str | None = None  # batches.batch_layout of the first training batch; None: not seen or not readable
-    batch_uncounted: str | None = None  # why packed or padded batches were not counted (batches.TokenCounter)
-    parallel: dict[str, int] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
-    places: list[dict[str, Any]] = field(default_factory=list)  # per rank: rank, host, gpu_index
-    settings: dict[str, Any] = field(default_factory=dict)
-    started_at: str = field(default_factory=lambda: now_iso())
-    source: str = "callback"  # or "import:<log format>"
-    run_id: str = field(default_factory=lambda: new_run_id())  # unique per run, also in each steps.jsonl row
-    # {"path": "steps.jsonl", "complete": bool, "error": str | None} when per-step rows are written
-    steps_jsonl: dict[str, Any] | None = None
-    # flops_formula "measured": this rank's counts of the counted step (MeasuredFlops.to_dict())
-    measured_flops: dict[str, Any] | None = None
-    rate: str = "tokens"  # the primary rate: a key of throughput.RATES
-
-    def __post_init__(self) -> None:
-        """Impossible values are refused here, naming them, whoever builds the facts (callback, import)."""
-        for name in ("name", "model_name"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"run {name} must be a non-empty string, got {getattr(self, name)!r}")
-        if not isinstance(self.label, str):
-            raise ValueError(f"run label must be a string, got {self.label!r} ({type(self.label).__name__})")
-        for name in ("num_gpus", "num_nodes"):
-            require_positive_int(name, getattr(self, name), prefix="")
-        if self.num_nodes > self.num_gpus:
-            raise ValueError(f"num_nodes {self.num_nodes} is more than num_gpus {self.num_gpus}: every node runs at "
-                             "least one GPU; check the node and GPU counts given")
-        for name in ("global_batch_size", "micro_batch_size", "seq_length"):
-            if getattr(self, name) is not None:
-                require_positive_int(name, getattr(self, name), prefix="")
-        if self.rate not in RATES or (self.rate == "tokens" and self.seq_length is None):
-            raise ValueError(f"rate must be one of {list(RATES)} (tokens only with a seq_length), got {self.rate!r}")
-        if self.flops_formula not in (*FLOPS_FORMULAS, USER_FLOPS, None):
-            raise ValueError(f"flops_formula must be one of {[*FLOPS_FORMULAS, USER_FLOPS, None]}, "
-                             f"got {self.flops_formula!r}")
-        check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
-        check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
-
-    @functools.cached_property
-    def spec_dict(self) -> dict[str, Any] | None:
-        return self.model_spec.to_dict() if self.model_spec is not None else None
-
-    @property
-    def workload(self) -> Workload:
-        return Workload(
-            global_batch_size=self.global_batch_size,
-            seq_length=self.seq_length,
-            num_gpus=self.num_gpus,
-            flops_per_sample=self.flops_per_sample,
-            peak_tflops=self.peak_tflops,
-        )
 
 
 @dataclass(frozen=True)
@@ -169,26 +90,8 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "throughput": throughput,
         "time_to_target": time_to_target,
         **({"time_to_train": time_to_train} if time_to_train is not None else {}),
-        "batch": {
-            "global_batch_size": facts.global_batch_size,
-            "micro_batch_size": facts.micro_batch_size,
-            "seq_length": facts.seq_length,
-            "tokens_per_step": workload.tokens_per_step,
-            "token_count": _count_source(counted and counted.tokens, workload.tokens_per_step),
-            "layout": facts.batch_layout,
-            "counted": _counted(counted),
-            "uncounted": facts.batch_uncounted,
-        },
-        "model": {
-            "name": facts.model_name,
-            "flops_per_sample": facts.flops_per_sample,
-            "flops_per_step": workload.step_flops,
-            "flops_count": _count_source(counted and counted.flops, workload.step_flops),
-            "flops_formula": facts.flops_formula,
-            "spec": facts.spec_dict,
-            **({"measured_flops": facts.measured_flops} if facts.flops_formula == MEASURED else {}),
-            "mfu_convention": mfu_convention(facts),
-        },
+        "batch": _batch(facts, workload),
+        "model": _model(facts, workload),
         "hardware": {
             "gpu_name": facts.gpu_name,
             "num_gpus": facts.num_gpus,
@@ -204,6 +107,34 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "files": {"steps_jsonl": dict(facts.steps_jsonl) if facts.steps_jsonl else None},
         "goodput": goodput,
         **{name: None for name in EXPLAINED}, **(explained or {}),
+    }
+
+
+def _batch(facts: RunFacts, workload: Workload) -> dict[str, Any]:
+    counted = workload.counted
+    return {
+        "global_batch_size": facts.global_batch_size,
+        "micro_batch_size": facts.micro_batch_size,
+        "seq_length": facts.seq_length,
+        "tokens_per_step": workload.tokens_per_step,
+        "token_count": _count_source(counted and counted.tokens, workload.tokens_per_step),
+        "layout": facts.batch_layout,
+        "counted": _counted(counted),
+        "uncounted": facts.batch_uncounted,
+    }
+
+
+def _model(facts: RunFacts, workload: Workload) -> dict[str, Any]:
+    counted = workload.counted
+    return {
+        "name": facts.model_name,
+        "flops_per_sample": facts.flops_per_sample,
+        "flops_per_step": workload.step_flops,
+        "flops_count": _count_source(counted and counted.flops, workload.step_flops),
+        "flops_formula": facts.flops_formula,
+        "spec": facts.spec_dict,
+        **({"measured_flops": facts.measured_flops} if facts.flops_formula == MEASURED else {}),
+        "mfu_convention": mfu_convention(facts),
     }
 
 
@@ -428,14 +359,6 @@ def read_summary(path: str | os.PathLike) -> dict[str, Any]:
     if schema != SCHEMA:
         raise ValueError(f"{path}: schema is {schema!r}, this version reads {SCHEMA!r}")
     return summary
-
-
-def new_run_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 

@@ -23,6 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_throughput.text import printable
+from nemo_throughput.values import is_number
+
 log = logging.getLogger(__name__)
 
 MODES = ("min", "max")
@@ -64,7 +67,7 @@ def checked_target(value: Any) -> dict[str, Any] | None:
     if not isinstance(metric, str) or not metric:
         raise ValueError(f"target.metric must be the name of a logged metric (a key of trainer.callback_metrics), "
                          f"got {metric!r}")
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+    if not is_number(number) or not math.isfinite(number):
         raise ValueError(f"target.value must be a finite number, got {number!r} ({type(number).__name__})")
     if mode not in MODES:
         raise ValueError(f"target.mode must be min (a loss: reached at or below the value) or max (an accuracy: "
@@ -155,3 +158,52 @@ class MLPerfLog:
         for handler in self._handlers:
             self._logger.removeHandler(handler)
             handler.close()
+
+
+class RunClock:
+    """A run's time to target on one rank: the clock from set-up, the checks at the same points on
+    every rank (log steps, after validation), and on rank 0 with ``mllog`` its ``:::MLLOG`` lines."""
+
+    def __init__(self, target: dict[str, Any], rank: int, mllog: bool, output_dir: str, run_id: str,
+                 global_batch_size: int) -> None:
+        self.clock = TimeToTarget(Target(**target))
+        self._rank, self._global_batch_size = rank, global_batch_size
+        self._mllog = MLPerfLog(output_dir, run_id) if mllog and rank == 0 else None
+
+    def start(self) -> None:
+        """MLPerf's run_start: after set-up, before any data is touched."""
+        self.clock.start()
+        if self._mllog is not None:
+            self._mllog.run_start(self._global_batch_size, self.clock.started_wall_ms)
+
+    def check(self, metrics: Mapping[str, Any], step: int, after_validation: bool) -> bool | None:
+        """Has the monitored metric reached the target? Returns this rank's vote to stop where the
+        target says ``stop``, else None (every rank checks at the same points, so that a stop
+        decided across ranks pairs its collective)."""
+        clock = self.clock
+        first = clock.check(metrics, step)
+        if self._mllog is not None and after_validation and first is not None:
+            self._mllog.evaluation(clock.value, step, samples=step * self._global_batch_size)
+        if first:
+            self._reached(step)
+        return clock.reached if clock.target.stop else None
+
+    def _reached(self, step: int) -> None:
+        clock = self.clock
+        if self._rank == 0:
+            log.info("nemo-throughput: %s = %.6g reached the target %s %g at step %d, %.3f s after run start",
+                     printable(clock.target.metric), clock.value, "<=" if clock.target.mode == "min" else ">=",
+                     clock.target.value, step, clock.seconds)
+        if self._mllog is not None:
+            self._mllog.run_stop(True, clock.started_wall_ms + round(clock.seconds * 1000), step)
+            self._close_mllog()
+
+    def stop(self, step: int) -> None:
+        """The run ends without the target reached: MLPerf's run_stop, aborted."""
+        if self._mllog is not None:
+            self._mllog.run_stop(False, self.clock.started_wall_ms + round(self.clock.elapsed_s() * 1000), step)
+            self._close_mllog()
+
+    def _close_mllog(self) -> None:
+        self._mllog.close()
+        self._mllog = None

@@ -3,17 +3,43 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 SECONDS_PER_DAY = 86_400
 ONE_TRILLION = 1e12
 RATES = {"tokens": "tokens_per_s", "samples": "samples_per_s"}  # the rate setting -> throughput.primary
-METRICS = ("tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_with_padding", "samples_per_s",
-           "model_tflops_per_gpu", "mfu", "mfu_above_peak", "days_to_train_1t_tokens")
+
+
+class Metric(NamedTuple):
+    """A figure of a run, as the loggers get it (under ``throughput/``) and the docs list it."""
+
+    key: str
+    unit: str
+    meaning: str
+
+
+# What a step time gives (Workload.metrics), in this order.
+METRICS = (
+    Metric("tokens_per_s", "tokens/s", "all GPUs; real tokens where packed or padded batches are counted"),
+    Metric("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / GPUs"),
+    Metric("tokens_per_s_with_padding", "tokens/s", "token slots/s, padding included (counted batches only)"),
+    Metric("samples_per_s", "samples/s", "all GPUs"),
+    Metric("model_tflops_per_gpu", "TFLOPS", "model FLOPs per step / step time / GPUs"),
+    Metric("mfu", "fraction", "model_tflops_per_gpu / the dtype's dense peak (absent above 1)"),
+    Metric("mfu_above_peak", "fraction", "the MFU computed when above 1: the peak or the FLOPs are wrong"),
+    Metric("days_to_train_1t_tokens", "days", "10^12 tokens at tokens_per_s"),
+)
+METRIC_KEYS = tuple(metric.key for metric in METRICS)
+
+
+def tflops_per_gpu(*, flops_per_step: float, step_time_s: float, num_gpus: int) -> float:
+    """Achieved model TFLOPS per GPU (10^12 FLOP/s)."""
+    return flops_per_step / step_time_s / num_gpus / 1e12
 
 
 def mfu(*, flops_per_step: float, step_time_s: float, num_gpus: int, peak_tflops: float) -> float:
     """Model FLOPs utilisation as a fraction: achieved model FLOP/s per GPU over its peak."""
-    return flops_per_step / step_time_s / num_gpus / (peak_tflops * 1e12)
+    return tflops_per_gpu(flops_per_step=flops_per_step, step_time_s=step_time_s, num_gpus=num_gpus) / peak_tflops
 
 
 def days_to_train(tokens: float, tokens_per_s: float) -> float:
@@ -70,15 +96,12 @@ class Workload:
     def metrics(self, step_time_s: float | None) -> dict[str, float | None]:
         """Throughput figures for a (global, slowest-rank) step time in seconds; None: no steps."""
         if not step_time_s:
-            return dict.fromkeys(METRICS)
+            return dict.fromkeys(METRIC_KEYS)
         tokens_per_s = self.step_tokens / step_time_s if self.step_tokens else None
-        tflops_per_gpu = None
-        utilisation = None
+        achieved = utilisation = None
         if self.step_flops is not None:
-            tflops_per_gpu = self.step_flops / step_time_s / self.num_gpus / 1e12
-            if self.peak_tflops:
-                utilisation = mfu(flops_per_step=self.step_flops, step_time_s=step_time_s, num_gpus=self.num_gpus,
-                                  peak_tflops=self.peak_tflops)
+            achieved = tflops_per_gpu(flops_per_step=self.step_flops, step_time_s=step_time_s, num_gpus=self.num_gpus)
+            utilisation = achieved / self.peak_tflops if self.peak_tflops else None
         # Above 100 % the peak or the FLOPs model is wrong: no MFU is reported, the figure is kept as a flag.
         above_peak = utilisation if utilisation is not None and utilisation > 1 else None
         return {
@@ -86,7 +109,7 @@ class Workload:
             "tokens_per_s_per_gpu": tokens_per_s / self.num_gpus if tokens_per_s else None,
             "tokens_per_s_with_padding": self.counted.slots / step_time_s if self.counted is not None else None,
             "samples_per_s": self.global_batch_size / step_time_s,
-            "model_tflops_per_gpu": tflops_per_gpu,
+            "model_tflops_per_gpu": achieved,
             "mfu": None if above_peak else utilisation,
             "mfu_above_peak": above_peak,
             "days_to_train_1t_tokens": days_to_train(ONE_TRILLION, tokens_per_s) if tokens_per_s else None,

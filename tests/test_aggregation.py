@@ -8,7 +8,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import free_port
-from nemo_throughput.aggregation import Exchange, RunStats, SortedValues, step_times, steps_tensor
+from nemo_throughput.aggregation import Exchange, step_times, steps_tensor
+from nemo_throughput.run_stats import RunStats, SortedValues
 from nemo_throughput.timing import StepTimes
 
 

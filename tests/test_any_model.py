@@ -252,8 +252,9 @@ def test_rate_tokens_without_a_sequence_length_is_refused(tmp_path, quiet_traine
 @pytest.mark.parametrize("formula, causal", [("megatron", "half"), ("dgxc", "full"), ("measured", "full"),
                                              ("user", None)])
 def test_every_summary_records_its_mfu_convention(formula, causal):
-    from nemo_throughput.aggregation import RunStats
-    from nemo_throughput.summary import RunFacts, build_summary
+    from nemo_throughput.run_stats import RunStats
+    from nemo_throughput.run_facts import RunFacts
+    from nemo_throughput.summary import build_summary
 
     facts = RunFacts(name="run", label="", global_batch_size=8, micro_batch_size=1, seq_length=None, rate="samples",
                      model_name="unet", model_spec=None, flops_formula=formula, flops_per_sample=1e9,

@@ -18,7 +18,7 @@ from nemo_throughput.batches import TokenCounter, batch_layout
 from nemo_throughput.flops import ModelSpec, flops_terms
 from nemo_throughput.progress import LOGGED_KEYS, TELEMETRY_KEYS
 from nemo_throughput.report.runs import load_run
-from nemo_throughput.throughput import METRICS
+from nemo_throughput.throughput import METRIC_KEYS
 
 
 def nemo_packed_batch():
@@ -146,7 +146,7 @@ def test_a_run_on_packed_batches_counts_what_its_batches_held(tmp_path, quiet_tr
     last = rows[-1]
     assert float(last["throughput/padding_share"]) == pytest.approx(1 - tokens / slots, rel=1e-12)
     reported = load_run(Path(callback.summary_path)).workload.metrics(step_s)  # what `report` shows
-    assert {key: reported[key] for key in METRICS} == {key: throughput[key] for key in METRICS}
+    assert {key: reported[key] for key in METRIC_KEYS} == {key: throughput[key] for key in METRIC_KEYS}
     assert not [r for r in caplog.records if "padding included" in r.getMessage()]
 
 

@@ -419,7 +419,7 @@ def test_the_adapters_stand_on_the_core_alone():
         return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | {
             alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
 
-    core = imported(package / "measurement.py") | imported(package / "run_facts.py")
+    core = imported(package / "run_facts.py").union(*(imported(path) for path in (package / "run").glob("*.py")))
     frameworks = ("lightning", "pytorch_lightning", "megatron", "nemo", "hydra")
     assert not {m for m in core if m.startswith("nemo_throughput.adapters") or m.split(".")[0] in frameworks}
     bridge = imported(package / "adapters" / "megatron_bridge.py")

@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 
 from conftest import nemo_throughput_cli
-from nemo_throughput.aggregation import RunStats, steps_tensor
+from nemo_throughput.aggregation import steps_tensor
+from nemo_throughput.run_stats import RunStats
 from nemo_throughput.cli import main
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.report.grouping import build_report
 from nemo_throughput.report.rendering import render
 from nemo_throughput.report.runs import ReportError, Window, load_run
-from nemo_throughput.summary import RunFacts, build_summary, write_json_atomic
+from nemo_throughput.run_facts import RunFacts
+from nemo_throughput.summary import build_summary, write_json_atomic
 from nemo_throughput.timing import StepTimes
 
 SMALL = ModelSpec(num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=2048, vocab_size=51200)

@@ -14,7 +14,7 @@ from nemo_throughput.cli import main
 from nemo_throughput.report.grouping import build_report
 from nemo_throughput.report.rendering import render
 from nemo_throughput.report.runs import IncompleteRun, ReportError, Window, load_run
-from nemo_throughput.summary import USER_FLOPS
+from nemo_throughput.run_facts import USER_FLOPS
 
 # Summaries broken on purpose, one field at a time: the report's own checks are the subject.
 pytestmark = pytest.mark.invalid_summaries

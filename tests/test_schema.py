@@ -12,7 +12,8 @@ import jsonschema
 import pytest
 from test_report import write_run
 
-from nemo_throughput.aggregation import RunStats, steps_tensor
+from nemo_throughput.aggregation import steps_tensor
+from nemo_throughput.run_stats import RunStats
 from nemo_throughput.flops import ModelSpec
 from nemo_throughput.report.runs import ReportError, load_run
 from nemo_throughput.schemas import (
@@ -22,7 +23,8 @@ from nemo_throughput.schemas import (
     load_summary_schema,
     validate_summary,
 )
-from nemo_throughput.summary import SCHEMA, LogTiming, ResultRate, RunFacts, build_summary, write_json_atomic
+from nemo_throughput.run_facts import RunFacts
+from nemo_throughput.summary import SCHEMA, LogTiming, ResultRate, build_summary, write_json_atomic
 from nemo_throughput.timing import StepTimes
 
 REPO = Path(__file__).resolve().parents[1]

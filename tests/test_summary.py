@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from nemo_throughput.flops import ModelSpec
-from nemo_throughput.summary import SCHEMA, RunFacts, SummaryFile, append_jsonl, read_summary, write_json_atomic
+from nemo_throughput.run_facts import RunFacts
+from nemo_throughput.summary import SCHEMA, SummaryFile, append_jsonl, read_summary, write_json_atomic
 
 
 @pytest.mark.invalid_summaries  # the writer's test documents, not run summaries

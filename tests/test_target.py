@@ -97,7 +97,7 @@ def test_clock_stops_at_the_first_validation_that_reaches_the_target(tmp_path, q
     assert section["target"] == target and section["mode"] == "min"
     assert (section["step"], section["value"]) == (reached[0], pytest.approx(reached[1])) and reached[0] == 15
     # the clock started before any data was read (the sanity check's validation batch included) ...
-    clock = callback.measurement.time_to_target
+    clock = callback.measurement.run_clock.clock
     assert clock.started_s < model.val_data.first_read_s < model.train_data.first_read_s
     # ... and the validations up to the one that reached the target are inside it
     assert section["seconds"] >= sum(spent for step, _, spent in model.validations if step <= reached[0])

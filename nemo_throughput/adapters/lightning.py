@@ -1,4 +1,4 @@
-"""The Lightning callback: Lightning's hooks -> :class:`~nemo_throughput.measurement.Measurement`.
+"""The Lightning callback: Lightning's hooks -> :class:`~nemo_throughput.run.measurement.Measurement`.
 
 ``ThroughputCallback`` subclasses the ``Callback`` of both Lightning namespaces that are
 installed (``lightning.pytorch`` for NeMo 2, ``pytorch_lightning`` for NeMo 1.x and older
@@ -24,9 +24,9 @@ from nemo_throughput.adapters.nemo import read_module
 from nemo_throughput.batches import batch_layout
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.hardware import dtype_for_precision
-from nemo_throughput.measurement import Measurement, MeasurementView
-from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts, warnings_on_rank_zero
-from nemo_throughput.summary import OutputDirError, RunFacts
+from nemo_throughput.run.measurement import Measurement, MeasurementView
+from nemo_throughput.run_facts import RunFacts, resolve_run_facts
+from nemo_throughput.summary import OutputDirError
 
 __all__ = ["ThroughputCallback", "describe_run"]
 
@@ -64,13 +64,11 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         rank = trainer.global_rank
         self._read_metrics = functools.partial(getattr, trainer, "callback_metrics")
         self._batch_unseen = True
-        records = gather_rank_records()
         try:
-            with warnings_on_rank_zero(rank):
-                facts = describe_run(self.config, trainer, pl_module, records)
             # Lightning creates the data loaders after the setup hooks: the run clock starts before.
-            self.measurement.set_up(facts, trainer.strategy.root_device, rank, records,
-                                    requested_dir=os.path.join(trainer.log_dir or os.getcwd(), "throughput"),
+            self.measurement.set_up(functools.partial(describe_run, self.config, trainer, pl_module),
+                                    trainer.strategy.root_device, rank,
+                                    default_dir=os.path.join(trainer.log_dir or os.getcwd(), "throughput"),
                                     log_metrics=lambda metrics, step: _log_to(trainer, metrics, step))
         except (ValueError, OSError) as error:
             if not self.from_hydra_config:

@@ -1,4 +1,4 @@
-"""The Megatron-Bridge callback: Bridge's training events -> :class:`~nemo_throughput.measurement.Measurement`.
+"""The Megatron-Bridge callback: Bridge's training events -> :class:`~nemo_throughput.run.measurement.Measurement`.
 
 Megatron-Bridge (NeMo Framework's LLM training since nemo_toolkit 3.0) runs its own loop, not
 Lightning's; this adapter is a Bridge callback::
@@ -28,6 +28,7 @@ named after its events, so importing this module needs neither Bridge nor its he
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -36,11 +37,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_throughput import distributed
 from nemo_throughput.batches import PACKED
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.hardware import dtype_for_precision
-from nemo_throughput.measurement import Measurement, MeasurementView
+from nemo_throughput.run.measurement import Measurement, MeasurementView
 from nemo_throughput.megatron_config import (
     formula_gaps,
     high_precision_layers,
@@ -48,8 +50,7 @@ from nemo_throughput.megatron_config import (
     parallel_sizes,
     shape_fields,
 )
-from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts, warnings_on_rank_zero
-from nemo_throughput.summary import RunFacts
+from nemo_throughput.run_facts import RunFacts, resolve_run_facts
 
 __all__ = ["BridgeThroughputCallback", "describe_bridge_run"]
 
@@ -87,7 +88,7 @@ class BridgeThroughputCallback(MeasurementView):
         self._state = context.state
         if not self.measurement.is_set_up:
             self._set_up(context.state.cfg)
-        self.measurement.train_start(context.state.train_state.step, _world_size(),
+        self.measurement.train_start(context.state.train_state.step, distributed.world_size(),
                                      max_steps=getattr(context.state.cfg.train, "train_iters", None))
         # Bridge's own SIGTERM handler (train.exit_signal_handler) is installed by now.
         self.measurement.watch_sigterm()
@@ -118,12 +119,9 @@ class BridgeThroughputCallback(MeasurementView):
         self.measurement.train_end(context.state.train_state.step)
 
     def _set_up(self, cfg: Any) -> None:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        records = gather_rank_records()
-        with warnings_on_rank_zero(rank):
-            facts = describe_bridge_run(self.config, cfg, _device(), records)
-        self.measurement.set_up(facts, _device(), rank, records, requested_dir=os.path.join(os.getcwd(), "throughput"),
-                                log_metrics=self._log_to_bridge_writers, log_rank=len(records) - 1)
+        facts = self.measurement.set_up(functools.partial(describe_bridge_run, self.config, cfg, _device()),
+                                        _device(), distributed.rank(), os.path.join(os.getcwd(), "throughput"),
+                                        log_metrics=self._log_to_bridge_writers, log_rank=distributed.world_size() - 1)
         # Bridge hands callbacks no batch: the dataset config's word stands, and the step's own FLOPs
         # accumulators count its packed sequences.
         self._counts_packs = facts.batch_layout == PACKED
@@ -254,7 +252,7 @@ def _stop_if_any_rank_votes(train: Any, vote: bool | None, steps_done: int) -> N
     the last pipeline stage only). Bridge's loop runs while ``train_state.step < train.train_iters``."""
     if vote is None:
         return
-    if dist.is_available() and dist.is_initialized():
+    if distributed.is_up():
         decision = torch.tensor([int(vote)], device=_device())
         dist.all_reduce(decision, op=dist.ReduceOp.MAX)
         vote = bool(decision.item())
@@ -262,10 +260,6 @@ def _stop_if_any_rank_votes(train: Any, vote: bool | None, steps_done: int) -> N
         log.info("nemo-throughput: target reached: Megatron-Bridge training stops after step %d (train.train_iters "
                  "%d lowered to %d)", steps_done, train.train_iters, steps_done)
         train.train_iters = steps_done
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _device() -> torch.device:

@@ -1,7 +1,7 @@
 """`nemo-throughput bench --ranks 2,4,8`: the host cost of a log step against the number of ranks
 and the number of steps done, on CPU processes over gloo.
 
-Each rank drives the framework-free :class:`~nemo_throughput.measurement.Measurement` through the
+Each rank drives the framework-free :class:`~nemo_throughput.run.measurement.Measurement` through the
 events a framework would send (step start, backward, optimizer, step end), with one small
 all-reduce per step on the default group standing in for the gradient all-reduce (it lines the
 ranks up, as in data-parallel training), and times the step-end event on the training thread:
@@ -88,20 +88,22 @@ def _drive(rank: int, world_size: int, out: str, steps_done: tuple[int, ...], sa
     import torch.distributed as dist
 
     from nemo_throughput.config import ThroughputConfig
-    from nemo_throughput.measurement import Measurement
-    from nemo_throughput.run_facts import gather_rank_records, resolve_run_facts
+    from nemo_throughput.run.measurement import Measurement
+    from nemo_throughput.run_facts import resolve_run_facts
 
     config = ThroughputConfig.from_mapping({"log_every_n_steps": LOG_EVERY_N_STEPS, "warmup_steps": 10,
                                             "output_dir": out, "per_step_jsonl": True})
-    records = gather_rank_records()
     device = torch.device("cpu")
     spec = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 128, "vocab_size": 2048,
             "ffn_hidden_size": 512}
-    facts = resolve_run_facts(config, spec_fields=spec, source=None, parallel={}, global_batch_size=8 * world_size,
-                              micro_batch_size=8, batches_per_step=1, world_size=world_size, num_nodes=1,
-                              device=device, framework_dtype="fp32", rank_records=records)
+
+    def describe(records: list[dict[str, Any]]) -> Any:
+        return resolve_run_facts(config, spec_fields=spec, source=None, parallel={}, global_batch_size=8 * world_size,
+                                 micro_batch_size=8, batches_per_step=1, world_size=world_size, num_nodes=1,
+                                 device=device, framework_dtype="fp32", rank_records=records)
+
     measurement = Measurement(config)
-    measurement.set_up(facts, device, rank, records, requested_dir=out, log_metrics=lambda metrics, step: None)
+    measurement.set_up(describe, device, rank, default_dir=out, log_metrics=lambda metrics, step: None)
     measurement.train_start(0, world_size)
     gradients = torch.zeros(1024)
     step, by_point = 0, {}
@@ -109,7 +111,7 @@ def _drive(rank: int, world_size: int, out: str, steps_done: tuple[int, ...], sa
         while step < point:  # fast, untimed: the run grows to this point
             step += 1
             _one_step(measurement, step, gradients, dist)
-        measurement._reporter.drain()  # the timed steps start with the reporting thread idle
+        measurement._reporter.drain(raise_error=True)  # the timed steps start with the reporting thread idle
         log_wall, log_cpu, other_wall, other_cpu = [], [], [], []
         while len(log_wall) < samples:
             step += 1

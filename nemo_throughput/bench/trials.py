@@ -140,7 +140,6 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
            record: Condition | None = None, count_syncs: bool = False) -> None:
     import torch
 
-    from nemo_throughput.adapters.lightning import ThroughputCallback
     from nemo_throughput.demo.gpt import gpt_module_class
 
     pl = importlib.import_module(namespace)
@@ -153,26 +152,9 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
     # A counting trial times nothing: its clock must not add the synchronizations it counts.
     clock = type("WindowClock", (WindowClock, pl.Callback), {})(first, last, cuda and not count_syncs)
     measured = MeasuredValues()
-    logger = collector(pl, measured)
-    callbacks, timed, ours = [clock], None, None
+    callbacks, timed = [clock], None
     with tempfile.TemporaryDirectory() as out:
-        tool = None
-        if name.startswith("nemo-throughput"):
-            debug = name.endswith("debug")
-            # -prometheus: the live endpoint on too (an ephemeral port on loopback)
-            prometheus = {"port": 0, "addr": "127.0.0.1"} if name.endswith("prometheus") else None
-            ours = tool = ThroughputCallback(warmup_steps=first, output_dir=out,
-                                             log_every_n_steps=1 if debug else LOG_EVERY_N_STEPS,
-                                             per_step_jsonl=debug, peak_tflops=None, prometheus=prometheus)
-        elif name == "lightning-throughput-monitor":
-            model.flops_per_batch = cfg.micro_batch_size * model_flops_per_sample(spec)  # the same model's FLOPs
-            tool = pl.callbacks.ThroughputMonitor(batch_size_fn=lambda batch: batch.shape[0],
-                                                  length_fn=lambda batch: batch.shape[1] - 1,
-                                                  window_size=last - first + 1)
-        elif name == "nemo-timing-callback":
-            from nemo.utils.exp_manager import TimingCallback
-
-            tool = TimingCallback()
+        tool = _tool(name, pl, model, cfg, spec, first, last, out)
         if tool is not None:
             timed = TimedHooks(tool, pl.Callback, count_syncs)
             callbacks.append(tool)
@@ -181,39 +163,75 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
             opener, closer = step_syncs.callbacks(pl.Callback)
             callbacks = [opener, *callbacks, closer]
         trainer = pl.Trainer(max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1,
-                             precision="bf16-mixed" if cuda else "32-true", callbacks=callbacks, logger=logger,
-                             log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, default_root_dir=out)
+                             precision="bf16-mixed" if cuda else "32-true", callbacks=callbacks,
+                             logger=collector(pl, measured), log_every_n_steps=1, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=out)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer.fit(model)
-    if record is None:
-        return
+    ours = tool if name.startswith("nemo-throughput") else None
     window_steps = range(first + 1, last + 1)
-    if count_syncs:
+    if record is not None and count_syncs:
         _record_syncs(record, timed, step_syncs, window_steps, ours)
+    elif record is not None:
+        record.step_times_s.append(clock.step_time_s)
+        _record_hooks(record, timed, window_steps, ours)
+        own = _measured_step_s(name, ours, measured, window_steps)
+        if own is not None:
+            record.measured_s.append(own)
+
+
+def _tool(name: str, pl: Any, model: Any, cfg: Any, spec: ModelSpec, first: int, last: int, out: str) -> Any:
+    """The condition's callback (None for no-callback), set to measure the same steps."""
+    if name.startswith("nemo-throughput"):
+        from nemo_throughput.adapters.lightning import ThroughputCallback
+
+        debug = name.endswith("debug")
+        # -prometheus: the live endpoint on too (an ephemeral port on loopback)
+        prometheus = {"port": 0, "addr": "127.0.0.1"} if name.endswith("prometheus") else None
+        return ThroughputCallback(warmup_steps=first, output_dir=out, per_step_jsonl=debug, peak_tflops=None,
+                                  log_every_n_steps=1 if debug else LOG_EVERY_N_STEPS, prometheus=prometheus)
+    if name == "lightning-throughput-monitor":
+        model.flops_per_batch = cfg.micro_batch_size * model_flops_per_sample(spec)  # the same model's FLOPs
+        return pl.callbacks.ThroughputMonitor(batch_size_fn=lambda batch: batch.shape[0],
+                                              length_fn=lambda batch: batch.shape[1] - 1,
+                                              window_size=last - first + 1)
+    if name == "nemo-timing-callback":
+        from nemo.utils.exp_manager import TimingCallback
+
+        return TimingCallback()
+    return None
+
+
+def _record_hooks(record: Condition, timed: TimedHooks | None, window_steps: range, ours: Any) -> None:
+    """Host time in the tool's hooks per step of the window; ours also split into log and other steps."""
+    if timed is None:
         return
-    record.step_times_s.append(clock.step_time_s)
-    if timed is not None:
-        log_every = ours.config.log_every_n_steps if ours is not None else None
-        per_step_us = [timed.ns_by_step.get(s, 0) / 1e3 for s in window_steps]
-        record.hook_us_mean.append(statistics.fmean(per_step_us))
-        if log_every is not None:
-            non_log = [us for s, us in zip(window_steps, per_step_us, strict=True) if s % log_every]
-            log = [us for s, us in zip(window_steps, per_step_us, strict=True) if not s % log_every]
-            if non_log:
-                record.hook_us_non_log.append(statistics.median(non_log))
-            if log:
-                record.hook_us_log.append(statistics.median(log))
+    per_step_us = [timed.ns_by_step.get(s, 0) / 1e3 for s in window_steps]
+    record.hook_us_mean.append(statistics.fmean(per_step_us))
+    if ours is None:
+        return
+    log_every = ours.config.log_every_n_steps
+    non_log = [us for s, us in zip(window_steps, per_step_us, strict=True) if s % log_every]
+    log = [us for s, us in zip(window_steps, per_step_us, strict=True) if not s % log_every]
+    if non_log:
+        record.hook_us_non_log.append(statistics.median(non_log))
+    if log:
+        record.hook_us_log.append(statistics.median(log))
+
+
+def _measured_step_s(name: str, ours: Any, measured: MeasuredValues, window_steps: range) -> float | None:
+    """The step time the tool itself reported for the window (None: no tool)."""
     if ours is not None:
-        record.measured_s.append(ours.stats.mean_step_time_s())
-    elif name == "lightning-throughput-monitor":
+        return ours.stats.mean_step_time_s()
+    if name == "lightning-throughput-monitor":
         # its separator is "/" or "|" depending on the Lightning version
         (key,) = [k for k in measured.values if k.startswith("train") and k.endswith("device/batches_per_sec".replace(
             "/", k[5]))]
-        record.measured_s.append(1 / measured.last(key))
-    elif name == "nemo-timing-callback":
-        record.measured_s.append(statistics.fmean(measured.at("train_step_timing in s", window_steps)))
+        return 1 / measured.last(key)
+    if name == "nemo-timing-callback":
+        return statistics.fmean(measured.at("train_step_timing in s", window_steps))
+    return None
 
 
 def _record_syncs(record: Condition, timed: TimedHooks | None, step_syncs: StepSyncs, window_steps: range,

@@ -25,7 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nemo_throughput import distributed
 from nemo_throughput.environment import gpu_index, node_name
+from nemo_throughput.values import is_int
 
 if TYPE_CHECKING:
     import torch
@@ -246,7 +248,7 @@ def _fabric(group: Any, device: torch.device | str | None) -> _Fabric:
     import torch
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if not distributed.is_up():
         if group is not None:
             raise ValueError("run_probe was given a process group but torch.distributed is not initialised: "
                              "call torch.distributed.init_process_group first, or pass group=None")
@@ -468,6 +470,6 @@ def _matmul_section(fabric: _Fabric, budget_s: float) -> dict[str, Any]:
 
 
 def _require_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+    if not is_int(value) or value < (0 if allow_zero else 1):
         raise ValueError(f"{name} must be a whole number {'>= 0' if allow_zero else '>= 1'}, got {value!r}")
 

@@ -2,9 +2,11 @@
 per-rank telemetry sampled on log steps, the profiled window and the network facts.
 
 Per-rank values travel to rank 0 as one fixed-length vector per rank appended to each log
-step's all-gather (``Exchange(extras_width=...)``), so explaining adds no collective to training:
+step's all-gather (``Exchange(extras_width=...)``), so explaining adds no collective to training.
+This module owns that vector's whole layout, the goodput % (rank 0's, for the loggers of every
+rank) included:
 
-    [sample step, telemetry FIELDS..., profile window FIELDS...]     (NaN: unknown)
+    [sample step, goodput %, telemetry FIELDS..., profile window FIELDS...]     (NaN: unknown)
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,34 +63,51 @@ class RunExplanation:
     @property
     def width(self) -> int:
         """Length of the per-rank vector each log step's all-gather carries."""
-        return 1 + self._telemetry_width + self._window_width
+        return 2 + self._telemetry_width + self._window_width
+
+    def step_start(self, step: int) -> None:
+        """Step ``step`` (1-based) starts: a profile window over it opens or goes on."""
+        if self.window is not None and self.window.contains(step):
+            self.window.step_start(step)
+
+    def step_end(self, step: int) -> bool:
+        """Step ``step`` ended; True when it closed the profile window (stopping the profiler and
+        reading its trace took time that is no step's)."""
+        if self.window is None or not self.window.contains(step):
+            return False
+        self.window.step_end(step)
+        return step == self.window.last_step
 
     def close(self) -> None:
         """End a profile window that training left early (it waits for the device)."""
         if self.window is not None:
             self.window.close()
 
-    def sample(self, step: int) -> list[float]:
-        """This rank's vector at log step ``step``: host-side reads only, no device sync."""
-        values = [float(step)]
+    def sample(self, step: int, goodput_pct: float) -> list[float]:
+        """This rank's vector at log step ``step``: host-side reads only, no device sync.
+        ``goodput_pct``: the run's goodput so far as rank 0 knows it (NaN: none yet, or not rank 0)."""
+        values = [float(step), goodput_pct]
         if self.telemetry:
             values += self.telemetry.sample()
         if self.window:
             values += self.window.result() or [math.nan] * self._window_width
         return values
 
-    def absorb(self, extras: torch.Tensor, measured: bool) -> None:
-        """Take every rank's vector ``[ranks, width]`` (rank 0 builds the sections from it)."""
+    def absorb(self, extras: torch.Tensor, is_measured: Callable[[int], bool]) -> float | None:
+        """Take every rank's vector ``[ranks, width]`` (rank 0 builds the sections from it); returns
+        the goodput % rank 0 sent (NaN: it had none), None where nothing was sent (a final exchange
+        that did not complete). ``is_measured``: whether a step counts in the statistics."""
         if extras.shape[1] != self.width or bool(extras[:, 0].isnan().any()):
-            return  # not sent (a final exchange that did not complete)
-        step = int(extras[0, 0])
-        telemetry = extras[:, 1:1 + self._telemetry_width]
-        window = extras[:, 1 + self._telemetry_width:]
+            return None
+        step, goodput_pct = int(extras[0, 0]), float(extras[0, 1])
+        telemetry = extras[:, 2:2 + self._telemetry_width]
+        window = extras[:, 2 + self._telemetry_width:]
         if self._telemetry_stats is not None:
-            self._telemetry_stats.add(telemetry, step=step, measured=measured)
+            self._telemetry_stats.add(telemetry, step=step, measured=is_measured(step))
         if self.window is not None and self._communication is None and not bool(window[:, 0].isnan().all()):
             self._communication = communication_section(window, self.places, self._window_steps,
                                                         self._window_mode, self._traces)
+        return goodput_pct
 
     def live(self, tokens_per_step: float | None) -> dict[str, float | None]:
         """The loggers' telemetry keys as of the latest log step absorbed (TelemetryStats.live); {} without."""

@@ -30,7 +30,8 @@ from nemo_throughput.importers import megatron, nemo, tensorboard
 from nemo_throughput.importers.lines import check_text, read_lines, read_once
 from nemo_throughput.importers.steps import Step, StepLog
 from nemo_throughput.run_stats import RunStats, rank_rows
-from nemo_throughput.summary import USER_FLOPS, LogTiming, RunFacts, build_summary
+from nemo_throughput.run_facts import USER_FLOPS, RunFacts, mfu_above_peak_warning
+from nemo_throughput.summary import LogTiming, build_summary
 from nemo_throughput.timing import StepTimes
 from nemo_throughput.window import Window
 
@@ -211,8 +212,6 @@ def _above_peak_notes(facts: RunFacts, summary: dict[str, Any]) -> list[str]:
     above_peak = summary["throughput"].get("mfu_above_peak")
     if above_peak is None:
         return []
-    from nemo_throughput.run_facts import mfu_above_peak_warning  # torch: loaded by now, not at --help
-
     return ["warning: " + mfu_above_peak_warning(facts, above_peak).removeprefix("nemo-throughput: ")]
 
 

@@ -23,8 +23,10 @@ from typing import Any
 from nemo_throughput.environment import package_version
 from nemo_throughput.errors import ReportError
 from nemo_throughput.run_stats import RunStats
-from nemo_throughput.summary import ResultRate, RunFacts, build_summary
+from nemo_throughput.run_facts import RunFacts
+from nemo_throughput.summary import ResultRate, build_summary
 from nemo_throughput.text import printable
+from nemo_throughput.values import is_number
 
 NAME = "mlperf"
 USAGE = "training"
@@ -384,7 +386,7 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
 
 def _stated_batch(batch: Any) -> int | None:
     """The log's global_batch_size when it is a whole number >= 1, else None (not stated, or not usable)."""
-    if isinstance(batch, bool) or not isinstance(batch, (int, float)) or not batch >= 1:
+    if not is_number(batch) or not batch >= 1:
         return None
     if isinstance(batch, float) and not batch.is_integer():  # 2.5, inf
         return None

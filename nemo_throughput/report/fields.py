@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from nemo_throughput.errors import ReportError
+from nemo_throughput.values import is_int, is_number
 
 
 class Fields:
@@ -88,15 +89,15 @@ class Fields:
 
 
 def is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return is_int(value) and value >= 1
 
 
 def is_index(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0
 
 
 def is_finite(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         return False
     try:
         return math.isfinite(value)
@@ -109,7 +110,7 @@ def is_non_negative_finite(value: Any) -> bool:
 
 
 def is_positive_finite(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         return False
     try:
         return math.isfinite(value) and value > 0

@@ -27,7 +27,8 @@ from nemo_throughput.report.fields import (
     shown,
 )
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
-from nemo_throughput.summary import EXPLAINED, STATUSES, USER_FLOPS, read_summary
+from nemo_throughput.run_facts import USER_FLOPS
+from nemo_throughput.summary import EXPLAINED, STATUSES, read_summary
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import CountedStep, Workload
 from nemo_throughput.window import Window

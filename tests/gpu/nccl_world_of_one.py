@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from nemo_throughput.aggregation import COLUMNS, Exchange, steps_tensor
+from nemo_throughput.aggregation import Exchange, steps_tensor
+from nemo_throughput.run_stats import COLUMNS
 from nemo_throughput.timing import StepTimes
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for the gpu package

@@ -1,0 +1,170 @@
+"""What becomes of each exchanged interval: the run statistics, the live line, the loggers' figures,
+rank 0's endpoint and steps.jsonl rows, and the summary as of what was absorbed. Log steps hand
+intervals to the reporting thread (:class:`~nemo_throughput.background.OrderedWorker`) with the
+run's facts as of that step (a frozen snapshot); the loggers' calls go back to the training thread
+(loggers need not be thread-safe). The end of the run drains the thread and reports the final
+exchange's intervals on the training thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from nemo_throughput.background import OrderedWorker
+from nemo_throughput.explain.run import RunExplanation
+from nemo_throughput.flops import FORMULAS, flops_terms
+from nemo_throughput.goodput import RunGoodput
+from nemo_throughput.progress import format_interval, logger_metrics, step_rows
+from nemo_throughput.run.publishing import Publisher
+from nemo_throughput.run_facts import RunFacts, mfu_above_peak_warning
+from nemo_throughput.run_stats import RunStats
+from nemo_throughput.summary import STEPS_FILE, append_jsonl, build_summary
+from nemo_throughput.target import RunClock
+from nemo_throughput.text import printable
+from nemo_throughput.throughput import CountedStep, Workload
+from nemo_throughput.timing import BATCH_COUNTS
+
+log = logging.getLogger(__name__)
+
+# Logs one interval's metrics (the adapter's loggers): (metrics, last step of the interval).
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+class Reporter:
+    """One rank's reporting of a training run (rank 0 and the loggers' rank report; every rank
+    absorbs, to keep the statistics the final exchange and the summary need)."""
+
+    def __init__(self, stats: RunStats, explain: RunExplanation, publisher: Publisher, clock: RunClock | None,
+                 goodput: RunGoodput | None, log_metrics: MetricsSink | None, log_rank: int) -> None:
+        self.stats, self._explain, self._publisher = stats, explain, publisher
+        self._clock, self._goodput = clock, goodput  # the summary's time to target and goodput (rank 0)
+        self._rank = publisher.rank
+        self._log_metrics, self._log_rank = log_metrics, log_rank
+        self._worker = OrderedWorker("nemo-throughput-report")
+        self._to_log: deque[tuple[dict[str, float], int]] = deque()  # for the loggers, on the training thread
+        self.goodput_pct = math.nan  # rank 0's goodput % as last received (NaN: none yet)
+        self.steps_error: str | None = None  # why steps.jsonl stopped (a full disk), on the reporting thread
+        self._warned_above_peak = False  # MFU above 100 %: warned once per run
+
+    def submit(self, received: Callable[[], tuple[torch.Tensor, torch.Tensor]], facts: RunFacts) -> None:
+        """An all-gather's result (``received`` splits it, on the reporting thread) and the facts as
+        of the log step that took it."""
+        def report() -> None:
+            self.absorb(*received(), facts=facts)
+            self.publish_running(facts)
+        self._worker.submit(report)
+
+    @property
+    def absorbed_through(self) -> int:
+        """The last step in the statistics (the start step before any)."""
+        return self.stats.last_step if self.stats.last_step is not None else self.stats.start_step
+
+    def summary(self, facts: RunFacts, status: str, error: str | None = None, final: bool = False) -> dict[str, Any]:
+        """The summary as of what was absorbed (on the reporting thread, or on the training thread once
+        it is drained); ``facts`` as of the log step it reports."""
+        workload = self.workload(facts)
+        explained = self._explain.sections(workload.step_tokens, final=final and self._rank == 0)
+        clock = self._clock.clock.section() if self._clock is not None else None
+        goodput = self._goodput.section() if self._goodput is not None else None  # its % goes out at log steps
+        return build_summary(self._files(facts), self.stats, status, error, explained,
+                             time_to_target=clock, counted=workload.counted, goodput=goodput)
+
+    def publish_running(self, facts: RunFacts) -> None:
+        """The running summary as of a log step (run.publishing.Publisher.running)."""
+        self._publisher.running(self.summary(facts, "running"), self.absorbed_through)
+
+    def absorb(self, steps: torch.Tensor, extras: torch.Tensor | None, facts: RunFacts) -> None:
+        """Every rank's steps of one interval, and its log step's vectors (:meth:`absorb_extras`)."""
+        interval = self.stats.add(steps)
+        if extras is not None:
+            self.absorb_extras(extras)
+        if interval is None or self._rank not in (0, self._log_rank):
+            return
+        workload = self.workload(facts)
+        metrics = workload.metrics(interval.step_time_s)
+        straggler, counted = self.stats.straggler(), workload.counted
+        logged = logger_metrics(interval, metrics, {
+            "straggler_excess_pct": straggler["excess_pct"] if straggler else None,
+            "padding_share": counted.padding_share if counted else None,
+            "goodput_pct": None if math.isnan(self.goodput_pct) else self.goodput_pct,
+            **self._explain.live(workload.step_tokens)})
+        if self._rank == self._log_rank and self._log_metrics is not None:
+            self._to_log.append((logged, interval.last_step))
+        if self._rank != 0:
+            return
+        log.info(format_interval(interval, metrics))
+        if metrics["mfu_above_peak"] is not None and not self._warned_above_peak:
+            self._warned_above_peak = True
+            log.warning(mfu_above_peak_warning(facts, metrics["mfu_above_peak"]))
+        self._publisher.interval(logged, interval.measured_step_s, self._explain.latest_telemetry, facts.places)
+        if facts.steps_jsonl and self.steps_error is None:
+            self._append_steps(steps, facts.run_id)
+
+    def absorb_extras(self, extras: torch.Tensor) -> None:
+        """Every rank's vector of one log step (explain.run's layout): the explanation's, rank 0's goodput %."""
+        received = self._explain.absorb(extras, self.stats.is_measured)
+        if received is not None:
+            self.goodput_pct = received
+
+    def _append_steps(self, steps: torch.Tensor, run_id: str) -> None:
+        """One interval's rows, all or none; after a failure (a full disk) the file stops, marked
+        incomplete in the summary, and training goes on."""
+        path = os.path.join(self._publisher.output_dir, STEPS_FILE)
+        try:
+            append_jsonl(path, step_rows(steps, self.stats, run_id))
+        except OSError as error:
+            self.steps_error = f"{type(error).__name__}: {error}"
+            log.error("nemo-throughput: could not append to %s (%s); it stops here and the summary marks it "
+                      "incomplete. Training goes on.", printable(path), error)
+
+    def _files(self, facts: RunFacts) -> RunFacts:
+        """``facts`` with steps.jsonl's state as the reporting has it."""
+        if facts.steps_jsonl is None or self.steps_error is None:
+            return facts
+        return replace(facts, steps_jsonl={**facts.steps_jsonl, "complete": False, "error": self.steps_error})
+
+    def workload(self, facts: RunFacts) -> Workload:
+        """The facts' workload, with the steps' counted batches where they were counted."""
+        counted = self._counted_step(facts)
+        return replace(facts.workload, counted=counted) if counted is not None else facts.workload
+
+    def _counted_step(self, facts: RunFacts) -> CountedStep | None:
+        """The mean measured step's counts over all replicas (each rank counts its own batches; ranks
+        of one data-parallel replica count the same ones, or nothing), or None where not counted."""
+        if facts.batch_count_source is None or facts.batch_uncounted is not None:
+            return None
+        per_rank = {name: self.stats.counted_per_step(name) for name in BATCH_COUNTS}
+        if per_rank["slots"] is None or per_rank["seqlen_sq"] is None:
+            return None
+        replicas = facts.parallel.get("data") or facts.num_gpus
+        tokens, slots, seqlen_sq = (None if means is None else sum(means) / len(means) * replicas
+                                    for means in per_rank.values())
+        flops = None
+        if facts.model_spec is not None and facts.flops_formula in FORMULAS:
+            per_token, per_token_pair = flops_terms(facts.model_spec, facts.flops_formula)
+            flops = per_token * slots + per_token_pair * seqlen_sq
+        return CountedStep(tokens, slots, seqlen_sq, flops, facts.batch_count_source)
+
+    def log_pending(self) -> None:
+        """The loggers' calls, on the training thread (loggers need not be thread-safe)."""
+        while self._to_log:
+            metrics, step = self._to_log.popleft()
+            self._log_metrics(metrics, step)
+
+    def drain(self, raise_error: bool) -> None:
+        """Wait for the reporting thread to take every interval handed over; then log them."""
+        error = self._worker.drain(raise_error=raise_error)
+        if error is not None:
+            log.error("nemo-throughput: reporting an interval failed (%s: %s)", type(error).__name__, error)
+        self.log_pending()
+
+    def close(self) -> None:
+        self._worker.close()
