@@ -32,14 +32,15 @@ METRICS = (
 METRIC_KEYS = tuple(metric.key for metric in METRICS)
 
 
-def tflops_per_gpu(*, flops_per_step: float, step_time_s: float, num_gpus: int) -> float:
-    """Achieved model TFLOPS per GPU (10^12 FLOP/s)."""
-    return flops_per_step / step_time_s / num_gpus / 1e12
+def flops_per_gpu_s(*, flops_per_step: float, step_time_s: float, num_gpus: int) -> float:
+    """Achieved model FLOP/s per GPU."""
+    return flops_per_step / step_time_s / num_gpus
 
 
 def mfu(*, flops_per_step: float, step_time_s: float, num_gpus: int, peak_tflops: float) -> float:
     """Model FLOPs utilisation as a fraction: achieved model FLOP/s per GPU over its peak."""
-    return tflops_per_gpu(flops_per_step=flops_per_step, step_time_s=step_time_s, num_gpus=num_gpus) / peak_tflops
+    return flops_per_gpu_s(flops_per_step=flops_per_step, step_time_s=step_time_s, num_gpus=num_gpus) / (
+        peak_tflops * 1e12)
 
 
 def days_to_train(tokens: float, tokens_per_s: float) -> float:
@@ -98,10 +99,10 @@ class Workload:
         if not step_time_s:
             return dict.fromkeys(METRIC_KEYS)
         tokens_per_s = self.step_tokens / step_time_s if self.step_tokens else None
-        achieved = utilisation = None
+        achieved = utilisation = None  # FLOP/s per GPU, and over the peak
         if self.step_flops is not None:
-            achieved = tflops_per_gpu(flops_per_step=self.step_flops, step_time_s=step_time_s, num_gpus=self.num_gpus)
-            utilisation = achieved / self.peak_tflops if self.peak_tflops else None
+            achieved = flops_per_gpu_s(flops_per_step=self.step_flops, step_time_s=step_time_s, num_gpus=self.num_gpus)
+            utilisation = achieved / (self.peak_tflops * 1e12) if self.peak_tflops else None
         # Above 100 % the peak or the FLOPs model is wrong: no MFU is reported, the figure is kept as a flag.
         above_peak = utilisation if utilisation is not None and utilisation > 1 else None
         return {
@@ -109,7 +110,7 @@ class Workload:
             "tokens_per_s_per_gpu": tokens_per_s / self.num_gpus if tokens_per_s else None,
             "tokens_per_s_with_padding": self.counted.slots / step_time_s if self.counted is not None else None,
             "samples_per_s": self.global_batch_size / step_time_s,
-            "model_tflops_per_gpu": achieved,
+            "model_tflops_per_gpu": achieved / 1e12 if achieved is not None else None,
             "mfu": None if above_peak else utilisation,
             "mfu_above_peak": above_peak,
             "days_to_train_1t_tokens": days_to_train(ONE_TRILLION, tokens_per_s) if tokens_per_s else None,
