@@ -1,11 +1,14 @@
-"""The profiler window: interval arithmetic on hand-built traces (CPU and GPU), and real
-torch.profiler windows over a single process and over a 2-rank gloo DDP loop with a slow rank."""
+"""The profiler window: interval arithmetic on hand-built traces (CPU and GPU), a real CUDA trace from an
+H200 (tests/data/profiler, origin in its ORIGIN.md), and real torch.profiler windows over a single process
+and over a 2-rank gloo DDP loop with a slow rank."""
 
+import gzip
 import json
 import logging
 import math
 import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ import torch.multiprocessing as mp
 from conftest import free_port
 from nemo_throughput.explain.profiler import (
     FIELDS,
+    UNREAD,
     Breakdown,
     ProfileWindow,
     TraceEvent,
@@ -22,10 +26,14 @@ from nemo_throughput.explain.profiler import (
     clip,
     communication_section,
     device_breakdown,
+    events_from_chrome_trace,
     host_breakdown,
+    read_chrome_trace,
     subtract,
     union,
 )
+
+H200_TRACE = Path(__file__).parent / "data" / "profiler" / "h200-lightning-fit.json.gz"
 
 
 # ----------------------------------------------------------------------------- interval arithmetic
@@ -148,7 +156,8 @@ def tiny_model():
 
 def assert_parts_add_up(fields):
     values = dict(zip(FIELDS, fields, strict=True))
-    assert all(math.isfinite(v) and v >= 0 for v in fields), values
+    assert math.isnan(values.pop("unread")), values  # read: no reason why not
+    assert all(math.isfinite(v) and v >= 0 for v in values.values()), values
     assert values["compute_s"] + values["exposed_communication_s"] + values["idle_s"] == pytest.approx(
         values["window_s"], rel=1e-9, abs=1e-9)
     assert values["exposed_communication_s"] <= values["communication_s"] + 1e-12
@@ -194,9 +203,70 @@ def test_a_window_leaves_a_running_profiler_alone(caplog):
     window = ProfileWindow(1, 2, "torch", torch.device("cpu"), None)
     with torch.profiler.profile() as other, caplog.at_level(logging.WARNING):
         train(window, 1, 2, model, optimizer, x)
-    assert window.result() is None
+    values = dict(zip(FIELDS, window.result(), strict=True))
+    assert math.isnan(values["compute_s"]) and UNREAD[values["unread"]] == "another torch profiler was running in this process"
     assert "another torch profiler is already running" in caplog.text
     assert any(e.name == "aten::addmm" for e in other.events())  # the other profiler kept recording
+
+
+# ----------------------------------------------------------------------------- reading exported traces
+def test_the_real_h200_trace_reads_kernels_copies_and_sets_as_device_work():
+    """A Lightning fit's torch.profiler trace from an H200 (torch 2.11, whose in-memory events lack
+    activity_type): every kernel, memcpy and memset is device work; device annotations are not."""
+    raw = json.load(gzip.open(H200_TRACE))["traceEvents"]
+    events = read_chrome_trace(H200_TRACE)
+    work = [e for e in events if e.on_device and e.activity in ("kernel", "gpu_memcpy", "gpu_memset")]
+    expected = [e for e in raw if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    assert len(work) == len(expected) > 4000 and {e.device_index for e in work} == {0}
+    assert all(not e.on_device for e in events if e.activity == "cpu_op")
+    annotations = [e for e in events if e.activity == "gpu_user_annotation"]
+    assert annotations and all(e.on_device for e in annotations)
+
+    # The breakdown over the fit's device work, between two step ranges that span it.
+    first, last = min(e.start_ns for e in work), max(e.end_ns for e in work)
+    window = steps((first, (first + last) // 2), ((first + last) // 2, last))
+    parts = device_breakdown(events + window, device_index=0)
+    busy = union((round(e["ts"] * 1000), round(e["ts"] * 1000) + round(e["dur"] * 1000)) for e in expected)
+    assert parts.window_ns == last - first and parts.compute_ns == sum(b - a for a, b in busy)
+    assert parts.communication_ns == 0 and parts.idle_ns == parts.window_ns - parts.compute_ns > 0
+
+
+def test_a_trace_that_is_not_one_is_refused_and_odd_events_are_passed_over():
+    with pytest.raises(ValueError, match="not a Chrome trace"):
+        events_from_chrome_trace({"traceEvents": "x"})
+    odd = [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.0, "dur": 2.0, "args": {"device": 0}},
+           {"ph": "s", "cat": "ac2g", "ts": 1.0},  # a flow
+           {"ph": "X", "cat": "kernel", "ts": "1", "dur": 2.0},  # a string timestamp
+           {"ph": "X", "cat": "kernel", "ts": float("nan"), "dur": 2.0},
+           {"ph": "X", "cat": "cpu_op", "ts": True, "dur": 2.0},  # a bool is no time
+           {"ph": "X", "ts": 1.0, "dur": 1.0},  # no category
+           "cut", None]
+    (kept,) = events_from_chrome_trace(odd)
+    assert kept == TraceEvent("k", "kernel", None, True, 0, 1000, 3000)
+
+
+def test_a_window_reads_its_trace_where_torch_events_have_no_activity_type(monkeypatch):
+    """torch 2.11's _KinetoEvent has no activity_type (it gave null parts on an H200): the window
+    reads the exported trace, whose categories every torch since 2.1 writes."""
+    monkeypatch.delattr(torch._C._autograd._KinetoEvent, "activity_type", raising=False)
+    model, optimizer, x = tiny_model()
+    window = ProfileWindow(2, 3, "torch", torch.device("cpu"), None)
+    train(window, 1, 4, model, optimizer, x)
+    values = assert_parts_add_up(window.result())
+    assert values["steps"] == 2 and values["compute_s"] > 0
+
+
+def test_a_trace_that_cannot_be_written_leaves_the_window_unread_and_says_why(tmp_path, caplog):
+    model, optimizer, x = tiny_model()
+    (tmp_path / "traces").write_text("a file where the trace folder belongs")
+    window = ProfileWindow(2, 3, "torch", torch.device("cpu"), str(tmp_path / "traces" / "rank0.json"))
+    with caplog.at_level(logging.WARNING):
+        train(window, 1, 4, model, optimizer, x)
+    values = dict(zip(FIELDS, window.result(), strict=True))
+    assert values["window_s"] > 0 and values["steps"] == 2 and math.isnan(values["compute_s"])
+    assert UNREAD[values["unread"]] == "the trace could not be exported or read (the rank's log says why)"
+    assert "could not read the trace" in caplog.text and "communication section" in caplog.text
+    assert not torch.autograd._profiler_enabled()
 
 
 # ----------------------------------------------------------------------------- the summary section
@@ -205,28 +275,36 @@ PLACES = [{"rank": 0, "host": "node-a", "gpu_index": 0}, {"rank": 1, "host": "no
 
 def test_communication_section_fractions_are_means_over_ranks():
     nan = math.nan
-    results = torch.tensor([[2.0, 3, 1.0, 0.8, 0.4, 0.6],
-                            [4.0, 3, 3.0, 2.0, 0.0, 1.0]], dtype=torch.float64)
+    nan = math.nan
+    results = torch.tensor([[2.0, 3, 1.0, 0.8, 0.4, 0.6, nan],
+                            [4.0, 3, 3.0, 2.0, 0.0, 1.0, nan]], dtype=torch.float64)
     section = communication_section(results, PLACES, (20, 22), "torch", ["traces/rank0.json"])
     assert section["window"] == {"first_step": 20, "last_step": 22, "mode": "torch", "steps": 3}
     assert section["per_rank"][1] == {"rank": 1, "host": "node-b", "gpu_index": 1, "window_s": 4.0,
                                       "compute_s": 3.0, "communication_s": 2.0, "exposed_communication_s": 0.0,
-                                      "idle_s": 1.0}
+                                      "idle_s": 1.0, "unread": None}
     assert section["fractions"] == pytest.approx({"compute": (0.5 + 0.75) / 2, "communication": (0.4 + 0.5) / 2,
                                                   "exposed_communication": 0.1, "idle": (0.3 + 0.25) / 2})
     assert section["traces"] == ["traces/rank0.json"]
 
     # nsys mode, or a rank whose window never closed: NaN parts are None, fractions over those that have them
-    nsys = communication_section(torch.tensor([[2.0, 3] + [nan] * 4] * 2), PLACES, (20, 22), "nsys", [])
+    nsys = communication_section(torch.tensor([[2.0, 3] + [nan] * 5] * 2), PLACES, (20, 22), "nsys", [])
     assert nsys["fractions"] == dict.fromkeys(("compute", "communication", "exposed_communication", "idle"))
     assert nsys["per_rank"][0]["window_s"] == 2.0 and nsys["per_rank"][0]["compute_s"] is None
-    partial = communication_section(torch.tensor([[2.0, 3, 1.0, 0.8, 0.4, 0.6], [nan] * 6]), PLACES, (20, 22),
+    assert nsys["per_rank"][0]["unread"] is None  # nsys measures no parts: its report holds them
+    partial = communication_section(torch.tensor([[2.0, 3, 1.0, 0.8, 0.4, 0.6, nan], [nan] * 7]), PLACES, (20, 22),
                                     "torch", [])
     assert partial["fractions"]["compute"] == 0.5 and partial["per_rank"][1]["window_s"] is None
+    assert partial["per_rank"][1]["unread"].startswith("no window result from this rank")
+    # A rank whose trace could not be read says so in the section, with the timed window kept.
+    unread = communication_section(torch.tensor([[2.0, 3, 1.0, 0.8, 0.4, 0.6, nan], [2.0, 3] + [nan] * 4 + [3.0]]),
+                                   PLACES, (20, 22), "torch", [])
+    assert unread["per_rank"][1]["window_s"] == 2.0 and unread["per_rank"][1]["compute_s"] is None
+    assert unread["per_rank"][1]["unread"] == UNREAD[3.0] and unread["per_rank"][0]["unread"] is None
 
 
 def test_communication_section_refuses_a_wrong_shape():
-    with pytest.raises(ValueError, match=r"shape \[ranks=2, 6\].*got \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"shape \[ranks=2, 7\].*got \(2, 5\)"):
         communication_section(torch.zeros(2, 5), PLACES, (1, 2), "torch", [])
 
 

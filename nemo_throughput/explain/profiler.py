@@ -7,8 +7,11 @@ throughput). Two modes:
     torch.profiler runs from the start of step ``first`` to the end of step ``last`` (CPU
     activity, plus CUDA on a CUDA device); each step is a ``ProfilerStep#<n>`` range, the name
     torch's own scheduler uses, so trace tools split the window into steps. After the window the
-    trace is reduced, once, to four parts of the window's wall time (below), and written as a
-    chrome trace on the ranks given a ``trace_path``.
+    trace is exported as a Chrome trace (to ``trace_path`` on the ranks given one, else to a
+    temporary file) and reduced, once, to four parts of the window's wall time (below). The
+    exported trace is what is read, since every torch from 2.1 on writes each event's kineto
+    category (``cat``: ``kernel``, ``gpu_memcpy``, ``cpu_op``, ...) there, while the in-memory
+    events' attributes differ between versions (2.11's have no ``activity_type``).
 ``nsys``
     ``cudaProfilerStart``/``cudaProfilerStop`` around the window and an NVTX range ``step <n>``
     per step, so ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop``
@@ -44,19 +47,33 @@ all-reduces without any recorded op: the wait is a gap on the training thread. H
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
+from nemo_throughput.values import is_number
+
 log = logging.getLogger(__name__)
 
-FIELDS = ("window_s", "steps", "compute_s", "communication_s", "exposed_communication_s", "idle_s")
+# Per rank, travelling in the log step's vector; "unread" is a code of UNREAD (NaN: read, or nsys mode).
+FIELDS = ("window_s", "steps", "compute_s", "communication_s", "exposed_communication_s", "idle_s", "unread")
+# Why a rank's window has no breakdown, by code (a float travels; the words are rank 0's).
+UNREAD = {
+    1.0: "another torch profiler was running in this process",
+    2.0: "the torch profiler did not start",
+    3.0: "the trace could not be exported or read (the rank's log says why)",
+    4.0: "the trace holds no ProfilerStep range of the window",
+}
+_NOT_RECORDED = "no window result from this rank (the window did not open or close there)"
 PARTS = ("compute", "communication", "exposed_communication", "idle")  # fields <part>_s, fractions of window_s
 MODES = ("torch", "nsys")
 
@@ -64,6 +81,7 @@ STEP_RANGE_PREFIX = "ProfilerStep#"  # torch mode: one user annotation per step 
 NCCL_KERNEL_PREFIXES = ("ncclKernel", "ncclDevKernel")
 HOST_COLLECTIVE_PREFIXES = ("gloo:", "c10d::", "nccl:", "record_param_comms")
 DEVICE_WORK_ACTIVITIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})  # not gpu_user_annotation
+DEVICE_ACTIVITIES = DEVICE_WORK_ACTIVITIES | {"gpu_user_annotation"}  # on a device's timeline
 # Ops only: user annotations are ranges around work, not work. Lightning's `Optimizer.step#...`
 # range wraps forward, backward and the wait for the gradient all-reduce (the closure runs inside
 # the optimizer step), so counting it would call that wait compute.
@@ -147,14 +165,37 @@ class TraceEvent(NamedTuple):
     end_ns: int
 
 
-def events_from_profiler(profiler: torch.profiler.profile) -> list[TraceEvent]:
-    """The raw kineto events of a stopped profiler; cheaper than ``profiler.events()``, which
-    also builds the call tree and per-op statistics that the breakdown does not need."""
-    results = profiler.profiler.kineto_results
-    return [TraceEvent(name=e.name(), activity=e.activity_type(), thread=e.start_thread_id(),
-                       on_device=e.device_type() != torch.autograd.DeviceType.CPU,
-                       device_index=e.device_index(), start_ns=e.start_ns(), end_ns=e.end_ns())
-            for e in results.events()]
+def events_from_chrome_trace(trace: Mapping[str, Any] | Sequence[Any]) -> list[TraceEvent]:
+    """The complete events (``"ph": "X"``) of a Chrome trace as torch.profiler exports it: a
+    ``{"traceEvents": [...]}`` object or the bare list. Timestamps are microseconds; events
+    without a category or a numeric time (flows, metadata, a cut entry) are passed over."""
+    events = trace.get("traceEvents") if isinstance(trace, Mapping) else trace
+    if not isinstance(events, Sequence) or isinstance(events, (str, bytes)):
+        raise ValueError("not a Chrome trace: no traceEvents list")
+    found = []
+    for e in events:
+        if not isinstance(e, Mapping) or e.get("ph") != "X":
+            continue
+        category, ts, dur = e.get("cat"), e.get("ts"), e.get("dur")
+        if not isinstance(category, str) or not is_number(ts) or not is_number(dur) or not math.isfinite(ts + dur):
+            continue
+        on_device = category in DEVICE_ACTIVITIES
+        args = e.get("args") if isinstance(e.get("args"), Mapping) else {}
+        device = args.get("device", e.get("pid")) if on_device else -1
+        start_ns = round(ts * 1000)
+        found.append(TraceEvent(name=str(e.get("name", "")), activity=category, thread=e.get("tid"),
+                                on_device=on_device, device_index=device if isinstance(device, int) else -1,
+                                start_ns=start_ns, end_ns=start_ns + round(dur * 1000)))
+    return found
+
+
+def read_chrome_trace(path: str | os.PathLike) -> list[TraceEvent]:
+    """:func:`events_from_chrome_trace` of a trace file (gzip where its name ends in .gz)."""
+    import gzip
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as file:
+        return events_from_chrome_trace(json.load(file))
 
 
 def step_ranges(events: Iterable[TraceEvent]) -> list[TraceEvent]:
@@ -280,7 +321,7 @@ class ProfileWindow:
             # Starting ours would silently end the other one (NeMo's or the user's own profiler).
             log.warning("Profile window [%d, %d] not recorded: another torch profiler is already running in "
                         "this process; drop profile_steps or the other profiler", self.first_step, self.last_step)
-            self._state = "closed"
+            self._not_read(1.0)
             return False
         self._synchronize()  # earlier steps' device work stays out of the window
         try:
@@ -296,52 +337,70 @@ class ProfileWindow:
             log.warning("Profile window [%d, %d] not recorded: starting the %s profiler failed (%s); "
                         "the window is left out of the summary", self.first_step, self.last_step,
                         self.mode, error)
-            self._state = "closed"
+            self._not_read(2.0)
             return False
         self._state = "open"
         self._started_ns = time.perf_counter_ns()
         log.info("Profiling steps %d-%d (%s mode)", self.first_step, self.last_step, self.mode)
         return True
 
+    def _not_read(self, code: float) -> None:
+        """The window closes without a breakdown, for the reason UNREAD[code]."""
+        self._state = "closed"
+        self._result = [math.nan] * (len(FIELDS) - 1) + [code]
+
     def _close(self) -> None:
         window_s = (time.perf_counter_ns() - self._started_ns) / 1e9
         self._state = "closed"
         if self.mode == "nsys":
             torch.cuda.cudart().cudaProfilerStop()
-            self._result = [window_s, float(self._steps)] + [math.nan] * 4
+            self._result = [window_s, float(self._steps)] + [math.nan] * 5
             return
         self._profiler.stop()
         self._result = self._analysed(window_s)
-        if self.trace_path:
-            self._export_trace()
         self._profiler = None  # the trace can be large: keep only the numbers
 
     def _analysed(self, host_window_s: float) -> list[float]:
+        """The window's FIELDS from its exported trace; a trace that cannot be read leaves the parts
+        NaN with the reason's code, and a warning says so (training goes on)."""
         started = time.perf_counter()
+        code, parts, events = math.nan, None, []
         try:
-            events = events_from_profiler(self._profiler)
+            events = self._exported_events()
             if self.device.type == "cuda":
                 index = self.device.index if self.device.index is not None else torch.cuda.current_device()
                 parts = device_breakdown(events, index)
             else:
                 parts = host_breakdown(events)
+            if parts is None:
+                code = 4.0
         except Exception as error:  # a surprising trace must not stop training; the numbers stay NaN
-            log.warning("Profile window [%d, %d]: could not read the trace (%r)",
-                        self.first_step, self.last_step, error)
-            parts = None
+            log.warning("Profile window [%d, %d]: could not read the trace (%r); the summary's communication "
+                        "section has no breakdown for this rank", self.first_step, self.last_step, error)
+            code = 3.0
         if parts is None:
-            return [host_window_s, float(self._steps)] + [math.nan] * 4
+            if code == 4.0:
+                log.warning("Profile window [%d, %d]: %s; the summary's communication section has no breakdown "
+                            "for this rank", self.first_step, self.last_step, UNREAD[code])
+            return [host_window_s, float(self._steps)] + [math.nan] * 4 + [code]
         log.info("Profile window [%d, %d] analysed in %.2f s (%d events)", self.first_step, self.last_step,
                  time.perf_counter() - started, len(events))
         return [parts.window_ns / 1e9, float(self._steps), parts.compute_ns / 1e9, parts.communication_ns / 1e9,
-                parts.exposed_communication_ns / 1e9, parts.idle_ns / 1e9]
+                parts.exposed_communication_ns / 1e9, parts.idle_ns / 1e9, math.nan]
 
-    def _export_trace(self) -> None:
-        try:
+    def _exported_events(self) -> list[TraceEvent]:
+        """Export the trace (to ``trace_path``, else a temporary file) and read it back."""
+        if self.trace_path:
             Path(self.trace_path).parent.mkdir(parents=True, exist_ok=True)
             self._profiler.export_chrome_trace(str(self.trace_path))
-        except (OSError, RuntimeError) as error:
-            log.warning("Could not write the chrome trace %s (%s)", self.trace_path, error)
+            return read_chrome_trace(self.trace_path)
+        fd, path = tempfile.mkstemp(prefix="nemo-throughput-window-", suffix=".json")
+        os.close(fd)
+        try:
+            self._profiler.export_chrome_trace(path)
+            return read_chrome_trace(path)
+        finally:
+            os.remove(path)
 
     # -- one step
     def _begin_step(self, step: int) -> None:
@@ -396,7 +455,8 @@ def communication_section(results: torch.Tensor, places: list[dict], window: tup
     rows = values.tolist()
     column = {name: [row[i] for row in rows] for i, name in enumerate(FIELDS)}
     per_rank = [{"rank": place["rank"], "host": place["host"], "gpu_index": place["gpu_index"],
-                 **{name: _finite_or_none(row[FIELDS.index(name)]) for name in FIELDS if name != "steps"}}
+                 **{name: _finite_or_none(row[FIELDS.index(name)]) for name in FIELDS if name not in ("steps", "unread")},
+                 "unread": _unread(row, mode)}
                 for place, row in zip(places, rows, strict=True)]
     steps = [s for s in column["steps"] if math.isfinite(s)]
     return {
@@ -406,6 +466,16 @@ def communication_section(results: torch.Tensor, places: list[dict], window: tup
         "fractions": {part: _mean_fraction(column[f"{part}_s"], column["window_s"]) for part in PARTS},
         "traces": list(traces),
     }
+
+
+def _unread(row: list[float], mode: str) -> str | None:
+    """Why a rank's row has no breakdown; None where it has one (or in nsys mode, which measures none)."""
+    if mode == "nsys" and math.isfinite(row[FIELDS.index("window_s")]):
+        return None
+    code = row[FIELDS.index("unread")]
+    if math.isfinite(code):
+        return UNREAD.get(code, f"unknown reason {code:g}")
+    return None if math.isfinite(row[FIELDS.index("compute_s")]) else _NOT_RECORDED
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -83,12 +83,17 @@ class RunExplanation:
         if self.window is not None:
             self.window.close()
 
-    def sample(self, step: int, goodput_pct: float) -> list[float]:
-        """This rank's vector at log step ``step``: host-side reads only, no device sync.
-        ``goodput_pct``: the run's goodput so far as rank 0 knows it (NaN: none yet, or not rank 0)."""
+    def sample(self, step: int, goodput_pct: float, final: bool = False) -> list[float]:
+        """This rank's vector at log step ``step``: no device read, no sync (the telemetry thread
+        reads). ``goodput_pct``: the run's goodput so far as rank 0 knows it (NaN: none yet, or not
+        rank 0). ``final``: the run's last vector, with telemetry read after ``step`` (waited for,
+        briefly); the telemetry thread ends."""
         values = [float(step), goodput_pct]
-        if self.telemetry:
-            values += self.telemetry.sample()
+        if self.telemetry and final:
+            values += self.telemetry.sample_now(step)
+            self.telemetry.close()
+        elif self.telemetry:
+            values += self.telemetry.sample(step)
         if self.window:
             values += self.window.result() or [math.nan] * self._window_width
         return values
@@ -103,8 +108,8 @@ class RunExplanation:
         telemetry = extras[:, 2:2 + self._telemetry_width]
         window = extras[:, 2 + self._telemetry_width:]
         if self._telemetry_stats is not None:
-            self._telemetry_stats.add(telemetry, step=step, measured=is_measured(step))
-        if self.window is not None and self._communication is None and not bool(window[:, 0].isnan().all()):
+            self._telemetry_stats.add(telemetry, step, is_measured)
+        if self.window is not None and self._communication is None and _window_closed(window):
             self._communication = communication_section(window, self.places, self._window_steps,
                                                         self._window_mode, self._traces)
         return goodput_pct
@@ -129,3 +134,8 @@ class RunExplanation:
             "network": self.network,
             "probe": self.probe,
         }
+
+
+def _window_closed(window: torch.Tensor) -> bool:
+    """Some rank's profile window FIELDS are in: timed, or saying why not."""
+    return not bool(window[:, 0].isnan().all() and window[:, -1].isnan().all())
