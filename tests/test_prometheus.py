@@ -94,7 +94,7 @@ def serve_synthetic_telemetry(port: int, summary: dict) -> PrometheusEndpoint:
             row.update(power_w=500.0 + rank, sm_clock_mhz=1980.0, mem_peak_reserved_bytes=40 * GIB,
                        throttle_reasons=0.0, energy_j=joules)
             rows.append([row[name] for name in FIELDS])
-        stats.add(torch.tensor(rows, dtype=torch.float64), step=step, measured=True)
+        stats.add(torch.tensor(rows, dtype=torch.float64), step=step, is_measured=lambda step: True)
     endpoint = PrometheusEndpoint({"port": port, "addr": "127.0.0.1", "linger_s": 0.0},
                                   {"run": "synthetic", "run_id": "synthetic", "label": "", "model": "", "job_id": ""})
     assert endpoint.serve()

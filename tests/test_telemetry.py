@@ -47,7 +47,7 @@ def test_real_nvml_without_a_driver_is_unavailable_and_raises_nothing():
 
 def test_cpu_device_gives_nan_for_every_field_and_says_why():
     device = DeviceTelemetry(torch.device("cpu"))
-    sample = device.sample()
+    sample = device.sample(10)
     assert len(sample) == len(FIELDS) == len(DeviceTelemetry.FIELDS)
     assert all_nan(sample)
     sources = device.sources()
@@ -58,7 +58,7 @@ def test_cpu_device_gives_nan_for_every_field_and_says_why():
 @NO_CUDA
 def test_cuda_device_on_a_machine_without_cuda_gives_nan_and_says_why():
     device = DeviceTelemetry(torch.device("cuda"))
-    assert all_nan(device.sample())
+    assert all_nan(device.sample(10))
     for source in device.sources().values():
         assert "torch.cuda.is_available() is False" in source
 
@@ -209,19 +209,19 @@ def three_rank_run(energy_at_last=(1000.0 + 20 * 400.0, 2000.0 + 20 * 500.0, 300
     stats = TelemetryStats(PLACES, SOURCES)
     # warm-up log step: counts for memory peaks, not for clocks, power or energy
     stats.add(samples(row(power=100.0, energy_j=0.0), row(power=100.0, energy_j=0.0), row(power=100.0, energy_j=0.0)),
-              step=10, measured=False)
+              step=10, is_measured=lambda step: False)
     stats.add(samples(row(energy_j=1000.0), row(energy_j=2000.0), row(energy_j=3000.0, sm=1700, throttle=0x4)),
-              step=20, measured=True)
+              step=20, is_measured=lambda step: True)
     stats.add(samples(row(alloc_gib=11.0, power=400.0, energy_j=1000.0 + 10 * 400.0),
                       row(alloc_gib=30.0, reserved_gib=77.0, power=500.0, energy_j=2000.0 + 10 * 500.0),
                       row(alloc_gib=9.0, retries=3, sm=1500, power=600.0, throttle=0x40 | 0x4, temp=83.0,
                           energy_j=3000.0 + 10 * 600.0)),
-              step=30, measured=True)
+              step=30, is_measured=lambda step: True)
     stats.add(samples(row(alloc_gib=11.0, power=400.0, energy_j=energy_at_last[0]),
                       row(alloc_gib=30.0, reserved_gib=77.0, power=500.0, energy_j=energy_at_last[1]),
                       row(alloc_gib=9.0, retries=3, sm=1500, power=600.0, throttle=0x4, temp=83.0,
                           energy_j=energy_at_last[2])),
-              step=40, measured=True)
+              step=40, is_measured=lambda step: True)
     return stats
 
 
@@ -273,8 +273,8 @@ def test_a_counter_that_goes_down_gives_no_energy_and_names_the_rank():
 
 def test_a_rank_without_the_counter_leaves_the_joules_of_the_others_and_no_per_token():
     stats = TelemetryStats(PLACES, SOURCES)
-    stats.add(samples(row(energy_j=100.0), row(energy_j=NAN), row(energy_j=300.0)), step=5, measured=True)
-    stats.add(samples(row(energy_j=150.0), row(energy_j=NAN), row(energy_j=400.0)), step=10, measured=True)
+    stats.add(samples(row(energy_j=100.0), row(energy_j=NAN), row(energy_j=300.0)), step=5, is_measured=lambda step: True)
+    stats.add(samples(row(energy_j=150.0), row(energy_j=NAN), row(energy_j=400.0)), step=10, is_measured=lambda step: True)
     section = stats.section(tokens_per_step=1000)
     assert section["energy"]["joules"] == pytest.approx(150.0) and section["energy"]["ranks"] == 2
     assert section["energy"]["joules_per_token"] is None
@@ -283,8 +283,8 @@ def test_a_rank_without_the_counter_leaves_the_joules_of_the_others_and_no_per_t
 
 def test_one_measured_log_step_is_not_enough_for_energy():
     stats = TelemetryStats(PLACES, SOURCES)
-    stats.add(samples(row(), row(), row()), step=10, measured=False)
-    stats.add(samples(row(), row(), row()), step=20, measured=True)
+    stats.add(samples(row(), row(), row()), step=10, is_measured=lambda step: False)
+    stats.add(samples(row(), row(), row()), step=20, is_measured=lambda step: True)
     section = stats.section(tokens_per_step=1000)
     assert section["energy"] is None and "needs two measured log steps" in section["energy_note"]
     assert section["device"]["log_steps"] == 1
@@ -293,23 +293,23 @@ def test_one_measured_log_step_is_not_enough_for_energy():
 def test_nothing_available_on_any_rank_gives_no_section():
     stats = TelemetryStats(PLACES, {"memory": "unavailable: device is cpu", "nvml": "unavailable: device is cpu"})
     nan_rows = torch.full((3, len(FIELDS)), NAN, dtype=torch.float64)
-    stats.add(nan_rows, step=10, measured=True)
-    stats.add(nan_rows, step=20, measured=True)
+    stats.add(nan_rows, step=10, is_measured=lambda step: True)
+    stats.add(nan_rows, step=20, is_measured=lambda step: True)
     assert stats.section(tokens_per_step=1000) is None
 
 
 def test_cpu_samples_of_real_ranks_give_no_section():
     devices = [DeviceTelemetry(torch.device("cpu")) for _ in PLACES]
     stats = TelemetryStats(PLACES, devices[0].sources())
-    stats.add(torch.tensor([d.sample() for d in devices], dtype=torch.float64), step=1, measured=True)
+    stats.add(torch.tensor([d.sample(1) for d in devices], dtype=torch.float64), step=1, is_measured=lambda step: True)
     assert stats.section(tokens_per_step=1) is None
 
 
 def test_memory_only_ranks_give_memory_and_no_device_or_energy():
     stats = TelemetryStats(PLACES[:2], SOURCES)
-    only_memory = [row()[:5] + [NAN] * 6, row(alloc_gib=20.0)[:5] + [NAN] * 6]
-    stats.add(samples(*only_memory), step=20, measured=True)
-    stats.add(samples(*only_memory), step=30, measured=True)
+    only_memory = [row()[:5] + [NAN] * (len(FIELDS) - 5), row(alloc_gib=20.0)[:5] + [NAN] * (len(FIELDS) - 5)]
+    stats.add(samples(*only_memory), step=20, is_measured=lambda step: True)
+    stats.add(samples(*only_memory), step=30, is_measured=lambda step: True)
     section = stats.section(tokens_per_step=1000)
     assert section["memory"]["peak_allocated_gib"]["max_at"] == PLACES[1]
     assert section["device"]["power_w"] is None and section["device"]["throttle_reasons"] == {}
@@ -318,8 +318,58 @@ def test_memory_only_ranks_give_memory_and_no_device_or_energy():
 
 def test_samples_of_the_wrong_shape_are_refused_with_what_to_do():
     stats = TelemetryStats(PLACES, SOURCES)
-    with pytest.raises(ValueError, match=r"\[ranks=3, fields=11\], got \[2, 11\]"):
-        stats.add(torch.zeros(2, len(FIELDS), dtype=torch.float64), step=1, measured=True)
+    with pytest.raises(ValueError, match=r"\[ranks=3, fields=12\], got \[2, 12\]"):
+        stats.add(torch.zeros(2, len(FIELDS), dtype=torch.float64), step=1, is_measured=lambda step: True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the telemetry thread: NVML is never read on the training thread
+
+
+def test_readings_come_from_the_telemetry_thread_one_log_step_late_and_sample_never_waits():
+    from nemo_throughput.bench.stand_in import SlowEnergyNvml
+
+    nvml_stand_in = SlowEnergyNvml(energy_read_s=0.2)
+    with telemetry.nvml_stand_in(nvml_stand_in.reader):
+        device = DeviceTelemetry(torch.device("cpu"))
+    assert device.sources()["nvml"] == "stand-in for NVML"
+    first = dict(zip(FIELDS, device.sample(10), strict=True))  # nothing read yet; asks for readings after step 10
+    assert all_nan(list(first.values()))
+    assert nvml_stand_in.readers.get("MainThread") is None  # the 0.2 s read did not run here
+    after_10 = dict(zip(FIELDS, device.sample_now(20, timeout_s=0.0), strict=True))  # not waited for
+    final = dict(zip(FIELDS, device.sample_now(30, timeout_s=5.0), strict=True))
+    assert final["read_at_step"] == 30 and final["power_w"] == 500.0 and final["energy_j"] > 0
+    assert math.isnan(after_10["read_at_step"]) or after_10["read_at_step"] == 10
+    device.close()
+    assert set(nvml_stand_in.readers) == {"nemo-throughput-telemetry"}
+
+
+def test_a_fit_reads_nvml_on_the_telemetry_thread_only_and_counts_energy_between_log_steps(
+        tmp_path, quiet_trainer_kwargs):
+    """A real Lightning fit whose NVML energy read takes 5 ms: no NVML call on the training thread,
+    and the energy per token pairs each reading with the log step it was taken after."""
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback
+    from nemo_throughput.bench.stand_in import SlowEnergyNvml
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    nvml_stand_in = SlowEnergyNvml(energy_read_s=0.005)
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=4, warmup_steps=4)
+    trainer = pl.Trainer(max_steps=14, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
+    with telemetry.nvml_stand_in(nvml_stand_in.reader):
+        trainer.fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
+    summary = json.loads(open(callback.summary_path).read())
+    assert set(nvml_stand_in.readers) == {"nemo-throughput-telemetry"}  # never the training thread
+    section = summary["telemetry"]
+    assert section["sources"]["nvml"] == "stand-in for NVML" and section["device"]["power_w"]["max"] == 500.0
+    energy = section["energy"]
+    # Read after log step 4 (the warm-up's end: steps 5.. are measured) up to after the run's last step.
+    last = summary["timing"]["last_step"]
+    assert (energy["first_step"], energy["last_step"], energy["steps"]) == (4, last, last - 4) and last > 8
+    assert energy["joules"] > 0 and energy["joules_per_token"] == pytest.approx(
+        energy["joules"] / ((last - 4) * summary["batch"]["tokens_per_step"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,9 +382,9 @@ def test_real_gpu_sample_reads_memory_without_a_device_sync():
     x = torch.randn(4096, 4096, device="cuda")
     y = x @ x  # work in flight while sampling
     previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")  # any synchronizing call in sample() raises
+    torch.cuda.set_sync_debug_mode("error")  # any synchronizing call in the reads raises
     try:
-        values = dict(zip(FIELDS, device.sample(), strict=True))
+        values = dict(zip(FIELDS, device.sample_now(1), strict=True))
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     del y

@@ -201,10 +201,10 @@ def test_the_loggers_telemetry_keys_are_the_latest_readings_over_ranks():
         return [row[name] for name in FIELDS]
 
     stats.add(torch.tensor([sample(300, 1980, 40, 0, 1000), sample(310, 1980, 41, 0, 2000),
-                            sample(290, 1980, 40, 0, 3000)], dtype=torch.float64), step=10, measured=True)
+                            sample(290, 1980, 40, 0, 3000)], dtype=torch.float64), step=10, is_measured=lambda step: True)
     # Step 20: rank 1 power-capped (0x4) and rank 2 idle (0x1, not a slowdown); 10 steps of 1000 tokens.
     stats.add(torch.tensor([sample(700, 1980, 42, 0, 1500), sample(650, 1700, 43, 0x4, 2600),
-                            sample(100, 1410, 40, 0x1, 3400)], dtype=torch.float64), step=20, measured=True)
+                            sample(100, 1410, 40, 0x1, 3400)], dtype=torch.float64), step=20, is_measured=lambda step: True)
     live = stats.live(tokens_per_step=1000)
     assert live == pytest.approx({
         "memory_reserved_gib_min": 40, "memory_reserved_gib_median": 42, "memory_reserved_gib_max": 43,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,9 @@ class _RankSeries:
         self.energy_missing = False  # NaN at a measured log step after the first
         self.energy_reset: str | None = None
 
-    def add(self, row: dict[str, float], step: int, measured: bool) -> None:
+    def add(self, row: dict[str, float], step: int, measured: bool, bounds_measured: bool) -> None:
+        """One rank's readings taken after log step ``step``; ``measured``: that step counts in
+        throughput; ``bounds_measured``: the steps after it do (its energy reading may open the count)."""
         for name in self.memory:
             if math.isfinite(row[name]):
                 self.memory[name] = max(self.memory[name], row[name]) if math.isfinite(self.memory[name]) else row[name]
@@ -49,7 +51,7 @@ class _RankSeries:
                     self.counts[kind][name] += 1
             if math.isfinite(row["throttle_reasons"]):
                 self.throttle[kind] |= int(row["throttle_reasons"])
-        if measured:
+        if bounds_measured:
             self._add_energy(row["energy_j"], step)
 
     def _add_energy(self, joules: float, step: int) -> None:
@@ -83,18 +85,23 @@ class TelemetryStats:
         self._any_value = False
         self.latest: list[dict[str, float]] = []  # every rank's FIELDS at the latest log step
 
-    def add(self, samples: torch.Tensor, step: int, measured: bool) -> None:
-        """Every rank's FIELDS ``[ranks, len(FIELDS)]`` at log step ``step`` (measured: counted in throughput)."""
+    def add(self, samples: torch.Tensor, step: int, is_measured: Callable[[int], bool]) -> None:
+        """Every rank's FIELDS ``[ranks, len(FIELDS)]`` sent at log step ``step``. Each row was read right
+        after its ``read_at_step`` (the previous log step; NaN: at ``step`` itself). ``is_measured``:
+        whether a step counts in throughput. The energy counter counts from the first reading after
+        which the steps are measured."""
         if samples.dim() != 2 or samples.shape != (len(self._ranks), len(FIELDS)):
             raise ValueError(f"telemetry samples must be [ranks={len(self._ranks)}, fields={len(FIELDS)}], "
                              f"got {list(samples.shape)} (sample with DeviceTelemetry.sample() on every rank)")
         rows = samples.to(torch.float64).tolist()
         self._any_value = self._any_value or any(math.isfinite(v) for row in rows for v in row)
-        self._log_steps["all"] += 1
-        self._log_steps["measured"] += int(measured)
         self.latest = [dict(zip(FIELDS, row, strict=True)) for row in rows]
+        self._log_steps["all"] += 1
+        self._log_steps["measured"] += int(is_measured(step))
         for series, row in zip(self._ranks, self.latest, strict=True):
-            series.add(row, step, measured)
+            # A rank whose telemetry thread fell behind sent older readings: each row counts as read.
+            read = int(row["read_at_step"]) if math.isfinite(row["read_at_step"]) else step
+            series.add(row, read, is_measured(read), is_measured(read + 1))
 
     def live(self, tokens_per_step: float | None) -> dict[str, float | None]:
         """The loggers' telemetry keys (progress.LOGGED_METRICS): the latest log step's readings over

@@ -313,7 +313,7 @@ class Measurement:
             self._explain.close()
         pending = self._timer.collect(wait=wait_for_device)
         final = self._exchange.finish(pending, self._reporter.absorbed_through, interrupted,
-                                      self._sample(self._last_step))
+                                      self._sample(self._last_step, final=wait_for_device))
         if final.extras is not None:
             self._reporter.absorb_extras(final.extras)
         facts = self.facts
@@ -324,9 +324,9 @@ class Measurement:
             log.warning("nemo-throughput: the summary lacks %s.", final.missing)
         return final
 
-    def _sample(self, step: int) -> list[float]:
+    def _sample(self, step: int, final: bool = False) -> list[float]:
         """This rank's vector for the log step's all-gather (explain.run's layout), rank 0's goodput % in it."""
-        return self._explain.sample(step, self._goodput.goodput_pct if self._goodput is not None else math.nan)
+        return self._explain.sample(step, self._goodput.goodput_pct if self._goodput is not None else math.nan, final)
 
     def _finish(self, status: str, error: str | None, missing: str | None) -> None:
         if self._ledger is not None:
