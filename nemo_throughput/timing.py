@@ -14,7 +14,9 @@ benchmark literature uses it. Inside the step, marks split it into phases:
 Marks come from a :class:`Clock`. On CUDA a mark is an event recorded on the current stream;
 it is read only when the timer is asked to (on log steps), only if it is at least one step
 old, and after it completed: the host waits, if at all, for a step the GPU has normally
-finished already while the next step is still queued, so the GPU never idles for us.
+finished already while the next step is still queued, so the GPU never idles for us. Events are
+taken from a pool and given back once read: a step records events, it creates and destroys none
+(after the first log interval).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class Clock(Protocol):
 
     def seconds(self, earlier: Any, later: Any) -> float: ...
 
+    def release(self, mark: Any) -> None: ...
+
 
 class HostClock:
     """Host monotonic clock: marks are ``perf_counter_ns`` readings, complete when taken."""
@@ -62,19 +66,27 @@ class HostClock:
     def seconds(self, earlier: int, later: int) -> float:
         return (later - earlier) / 1e9
 
+    def release(self, mark: int) -> None:
+        pass
+
 
 class CudaClock:
-    """CUDA events on the current stream. ``mark`` enqueues; nothing here blocks but ``wait``."""
+    """CUDA events on the current stream. ``mark`` enqueues; nothing here blocks but ``wait``.
+    An event read (or never to be read) is ``release``d to a pool that ``mark`` takes from."""
 
     def __init__(self) -> None:
         import torch  # here, not at the top (nor in mark, every step): summaries and the CLI load no torch
 
         self._new_event = torch.cuda.Event
+        self._free: list[torch.cuda.Event] = []
 
     def mark(self) -> torch.cuda.Event:
-        event = self._new_event(enable_timing=True)
+        event = self._free.pop() if self._free else self._new_event(enable_timing=True)
         event.record()
         return event
+
+    def release(self, mark: torch.cuda.Event) -> None:
+        self._free.append(mark)
 
     def ready(self, mark: torch.cuda.Event) -> bool:
         return mark.query()
@@ -154,7 +166,10 @@ class StepTimer:
         """Mark START, BACKWARD or OPTIMIZER in the step in progress; START keeps its first, others their last."""
         if name == START and START in self._marks:
             return
+        replaced = self._marks.get(name)
         self._marks[name] = self.clock.mark()
+        if replaced is not None:  # an earlier micro-batch's: never read
+            self.clock.release(replaced)
 
     def end_step(self, step: int, counts: Any = None) -> None:
         """``counts``: the step's batch counts (batches.StepCounts), whose copy to the host was
@@ -185,6 +200,13 @@ class StepTimer:
                 self.clock.wait(self._pending[0].end)
             open_step = self._pending.popleft()
             collected.append(self._read(open_step))
+            # Read: its anchor and marks go back to the pool (each once: the anchor may be its START),
+            # and its end too unless it is the next step's anchor (a validation gave that a fresh one).
+            read = [open_step.anchor, *open_step.marks.values()]
+            if open_step.end is not (self._pending[0].anchor if self._pending else self._anchor):
+                read.append(open_step.end)
+            for mark in {id(m): m for m in read}.values():
+                self.clock.release(mark)
         return collected
 
     def _read(self, s: _RecordedStep) -> StepTimes:

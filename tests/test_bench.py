@@ -37,13 +37,15 @@ def test_bench_reports_every_field_for_every_condition(tmp_path):
     assert report["device_info"] is None and report["sync_counting"] is None  # CPU: nothing to synchronize
     conditions = {c["name"]: c for c in report["conditions"]}
     assert list(conditions) == ["no-callback", "nemo-throughput", "nemo-throughput-debug",
-                                "nemo-throughput-prometheus", "lightning-throughput-monitor", "nemo-timing-callback"]
+                                "nemo-throughput-prometheus", "nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu",
+                                "lightning-throughput-monitor", "nemo-timing-callback"]
     for name, condition in conditions.items():
         assert set(condition) == FIELDS, name
         assert all(condition[field] is None for field in SYNC_FIELDS), name
     assert conditions["nemo-timing-callback"]["skipped"] == "NeMo is not installed"
+    assert conditions["nemo-throughput-idle-gpu"]["skipped"] == "a CUDA diagnostic (the GPU idle before each hook)"
     for name in ("no-callback", "nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
-                 "lightning-throughput-monitor"):
+                 "nemo-throughput-slow-nvml", "lightning-throughput-monitor"):
         condition = conditions[name]
         assert condition["skipped"] is None and len(condition["step_times_s"]) == 2
         assert condition["median_step_time_s"] > 0 and condition["spread_pct"] >= 0
@@ -54,7 +56,7 @@ def test_bench_reports_every_field_for_every_condition(tmp_path):
     assert baseline["overhead_ci95_pct"] == [0, 0] and baseline["measured_step_time_s"] is None
     assert baseline["hook_us_per_step"] is None  # no tool, no hooks
     for name in ("nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
-                 "lightning-throughput-monitor"):
+                 "nemo-throughput-slow-nvml", "lightning-throughput-monitor"):
         assert conditions[name]["measured_step_time_s"] > 0 and conditions[name]["error_pct"] is not None
         assert conditions[name]["hook_us_per_step"] > 0  # every tool's own hooks are timed
     ours = conditions["nemo-throughput"]
@@ -63,6 +65,8 @@ def test_bench_reports_every_field_for_every_condition(tmp_path):
     assert conditions["lightning-throughput-monitor"]["hook_us_per_non_log_step"] is None  # ours only
     assert conditions["nemo-throughput-prometheus"]["hook_us_per_non_log_step"] > 0
     assert report["ratios"]["prometheus_non_log_step_vs_non_log_step"] > 0
+    assert conditions["nemo-throughput-slow-nvml"]["hook_us_per_log_step"] > 0
+    assert report["ratios"]["slow_nvml_log_step_vs_log_step"] > 0
 
 
 @pytest.mark.slow
@@ -119,7 +123,7 @@ def test_an_unknown_condition_is_one_line_naming_the_known_ones_before_any_train
     assert typo.stderr.strip().splitlines() == [
         "nemo-throughput bench: unknown condition(s) ['nemo-throughput-debgu'] in --conditions; choose from "
         "no-callback, nemo-throughput, nemo-throughput-debug, nemo-throughput-prometheus, "
-        "lightning-throughput-monitor, nemo-timing-callback"]
+        "nemo-throughput-slow-nvml, nemo-throughput-idle-gpu, lightning-throughput-monitor, nemo-timing-callback"]
     twice = bench("--conditions", "no-callback,no-callback", "--steps", "4", "--device", "cpu", cwd=tmp_path)
     assert twice.returncode == 2 and "names a condition twice" in twice.stderr
 

@@ -42,6 +42,41 @@ class LaggingDevice:
     def advance(self, seconds: float) -> None:
         self.device_time_s += seconds
 
+    def release(self, mark: int) -> None:
+        self.accesses.append(("release", mark))
+
+
+class PooledDevice:
+    """A device whose marks are reusable cells, as CUDA events from a pool are: ``mark`` re-records a
+    released cell. A cell released while a step still needs it would be read with a later time."""
+
+    def __init__(self):
+        self.device_time_s = 0.0
+        self.free: list[list[float]] = []
+        self.created = 0
+
+    def mark(self) -> list[float]:
+        cell = self.free.pop() if self.free else []
+        self.created += not cell and cell not in self.free
+        cell[:] = [self.device_time_s]
+        return cell
+
+    def ready(self, mark) -> bool:
+        return True
+
+    def wait(self, mark) -> None:
+        pass
+
+    def seconds(self, earlier, later) -> float:
+        return later[0] - earlier[0]
+
+    def release(self, mark) -> None:
+        assert all(cell is not mark for cell in self.free), "a mark released twice"
+        self.free.append(mark)
+
+    def advance(self, seconds: float) -> None:
+        self.device_time_s += seconds
+
 
 def run_step(timer: StepTimer, device: LaggingDevice, step: int, data=0.01, forward=0.1, backward=0.2,
              optimizer=0.03) -> None:
@@ -136,6 +171,44 @@ def test_anchor_after_validation_leaves_it_out_of_the_next_step():
     timer.anchor()
     run_step(timer, device, 2)
     assert [t.step_s for t in timer.collect()] == pytest.approx([0.34, 0.34])
+
+
+def test_pooled_marks_are_reused_only_once_read_and_give_the_same_times():
+    """Marks from a pool (CUDA events) go back once read: every step's times are what a device with a
+    new mark per record gives, under gradient accumulation, validation anchors and lagging reads,
+    and after the first interval no step needs a new mark."""
+    fresh, pooled = LaggingDevice(), PooledDevice()
+    timers = StepTimer(fresh), StepTimer(pooled)
+    collected: dict[int, list] = {0: [], 1: []}
+    created_after_first_interval = None
+    for timer in timers:
+        timer.anchor()
+    for step in range(1, 61):
+        for index, (timer, device) in enumerate(zip(timers, (fresh, pooled))):
+            device.advance(0.001 * (step % 7))
+            for _ in range(1 + step % 3):  # 1 to 3 micro-batches
+                timer.mark(START)
+                device.advance(0.01 * (1 + step % 5))
+                timer.mark(BACKWARD)
+                device.advance(0.02)
+            timer.mark(OPTIMIZER)
+            device.advance(0.003)
+            timer.end_step(step)
+            if step % 13 == 0:  # a validation
+                device.advance(1.0)
+                timer.anchor()
+            if step % 10 == 0:  # a log step reads the steps up to the previous one
+                fresh.completed = len(fresh.recorded)
+                collected[index] += timer.collect(step - 1)
+        if step == 20:
+            created_after_first_interval = pooled.created
+    for index, timer in enumerate(timers):
+        fresh.completed = len(fresh.recorded)
+        collected[index] += timer.collect()
+    assert [t.step for t in collected[1]] == list(range(1, 61))
+    for a, b in zip(collected[0], collected[1], strict=True):
+        assert tuple(a) == pytest.approx(tuple(b))
+    assert pooled.created == created_after_first_interval  # steps 21-60 took every mark from the pool
 
 
 def test_phases_not_observed_are_none():

@@ -56,12 +56,15 @@ class StepSyncs:
 
 class TimedHooks:
     """Wraps a callback's per-step hooks (those its class defines): host time per step and, when
-    ``count_syncs``, the synchronizations they cause (:class:`SyncCounter`)."""
+    ``count_syncs``, the synchronizations they cause (:class:`SyncCounter`). ``idle_device``: the
+    device is synchronized before each hook, outside its time (a diagnostic: with the GPU idle, no
+    wait behind queued work is timed, only the hook's own host work)."""
 
     HOOKS = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end")
 
-    def __init__(self, callback: Any, base: type, count_syncs: bool) -> None:
+    def __init__(self, callback: Any, base: type, count_syncs: bool, idle_device: bool = False) -> None:
         self.callback, self.count_syncs = callback, count_syncs
+        self._before = _synchronize if idle_device else None
         self.ns_by_step: dict[int, int] = {}
         self.syncs_by_step: dict[int, int] = {}
         for name in self.HOOKS:
@@ -73,6 +76,8 @@ class TimedHooks:
 
         def timed(trainer: Any, *args: Any, **kwargs: Any) -> None:
             step = trainer.global_step + (0 if ends_step else 1)  # the step this call belongs to
+            if self._before is not None:
+                self._before()
             syncs = 0
             if self.count_syncs:
                 with SyncCounter("warn") as counter:
@@ -85,6 +90,12 @@ class TimedHooks:
 
         timed.__name__ = hook.__name__
         return timed
+
+
+def _synchronize() -> None:
+    import torch
+
+    torch.cuda.synchronize()
 
 
 def _elapsed_ns(hook: Any, *args: Any, **kwargs: Any) -> int:

@@ -49,15 +49,19 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
         "(CUDA only: one extra untimed trial per condition).",
     ]
     ratios = result.get("ratios") or {}
-    if ratios.get("hooks_per_step_vs_throughput_monitor") is not None:
-        lines += ["", f"ratios in this run: nemo-throughput's hooks/step = "
-                      f"{ratios['hooks_per_step_vs_throughput_monitor']:.2f} x ThroughputMonitor's"
-                      + (f"; its log step = {ratios['log_step_vs_non_log_step']:.0f} x its non-log step"
-                         if ratios.get("log_step_vs_non_log_step") is not None else "")
-                      + (f"; its non-log step with the Prometheus endpoint = "
-                         f"{ratios['prometheus_non_log_step_vs_non_log_step']:.2f} x without"
-                         if ratios.get("prometheus_non_log_step_vs_non_log_step") is not None else "")]
+    said = [text.format(ratios[key]) for key, text in RATIO_TEXTS if ratios.get(key) is not None]
+    if said:
+        lines += ["", "ratios in this run: " + "; ".join(said)]
     return "\n".join(lines) + "\n"
+
+
+RATIO_TEXTS = (  # the bench's ratios (bench.stats.ratios), as the table's last line says them
+    ("hooks_per_step_vs_throughput_monitor", "nemo-throughput's hooks/step = {:.2f} x ThroughputMonitor's"),
+    ("log_step_vs_non_log_step", "nemo-throughput's log step = {:.0f} x its non-log step"),
+    ("prometheus_non_log_step_vs_non_log_step",
+     "nemo-throughput's non-log step with the Prometheus endpoint = {:.2f} x without"),
+    ("slow_nvml_log_step_vs_log_step", "nemo-throughput's log step with a 5 ms NVML energy read = {:.2f} x with none"),
+)
 
 
 def _ms(seconds: float | None) -> str:

@@ -37,7 +37,8 @@ SIZES = {
                       encoder_seq_length=2048, micro_batch_size=2, vocab_size=50257),
 }
 CONDITIONS = ("no-callback", "nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
-              "lightning-throughput-monitor", "nemo-timing-callback")
+              "nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu", "lightning-throughput-monitor",
+              "nemo-timing-callback")
 DEVICES = ("auto", "cpu", "cuda")
 LOG_EVERY_N_STEPS = 10  # nemo-throughput's setting in the bench (its default)
 
@@ -99,7 +100,7 @@ def run_bench(size: str | None = None, steps: int = 60, window: Window | None = 
                      vocab_size=padded_vocab_size(cfg.tokenizer.vocab_size, cfg.make_vocab_size_divisible_by))
     results = {name: Condition(name) for name in conditions}
     for name, condition in results.items():
-        condition.skipped = _unavailable(name, namespace)
+        condition.skipped = _unavailable(name, namespace, cuda)
     runnable = [name for name in conditions if not results[name].skipped]
     trial = dict(cfg=cfg, spec=spec, steps=steps, first=first, last=last, namespace=namespace, cuda=cuda)
 
@@ -156,7 +157,7 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
     with tempfile.TemporaryDirectory() as out:
         tool = _tool(name, pl, model, cfg, spec, first, last, out)
         if tool is not None:
-            timed = TimedHooks(tool, pl.Callback, count_syncs)
+            timed = TimedHooks(tool, pl.Callback, count_syncs, idle_device=name.endswith("idle-gpu"))
             callbacks.append(tool)
         step_syncs = StepSyncs() if count_syncs else None
         if step_syncs is not None:
@@ -166,7 +167,7 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
                              precision="bf16-mixed" if cuda else "32-true", callbacks=callbacks,
                              logger=collector(pl, measured), log_every_n_steps=1, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, default_root_dir=out)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _nvml_for(name):
             warnings.simplefilter("ignore")
             trainer.fit(model)
     ours = tool if name.startswith("nemo-throughput") else None
@@ -179,6 +180,16 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
         own = _measured_step_s(name, ours, measured, window_steps)
         if own is not None:
             record.measured_s.append(own)
+
+
+def _nvml_for(name: str) -> contextlib.AbstractContextManager:
+    """-slow-nvml: telemetry reads a stand-in for NVML whose energy read takes 5 ms (bench.stand_in)."""
+    if not name.endswith("slow-nvml"):
+        return contextlib.nullcontext()
+    from nemo_throughput.bench.stand_in import SlowEnergyNvml
+    from nemo_throughput.explain.telemetry import nvml_stand_in
+
+    return nvml_stand_in(SlowEnergyNvml().reader)
 
 
 def _tool(name: str, pl: Any, model: Any, cfg: Any, spec: ModelSpec, first: int, last: int, out: str) -> Any:
@@ -283,9 +294,11 @@ def parse_conditions(text: str) -> tuple[str, ...]:
     return names
 
 
-def _unavailable(name: str, namespace: str) -> str | None:
+def _unavailable(name: str, namespace: str, cuda: bool) -> str | None:
     if name not in CONDITIONS:
         return f"unknown condition; choose from {list(CONDITIONS)}"
+    if name.endswith("idle-gpu") and not cuda:
+        return "a CUDA diagnostic (the GPU idle before each hook)"
     if name == "nemo-timing-callback":
         if importlib.util.find_spec("nemo") is None:
             return "NeMo is not installed"
