@@ -12,11 +12,16 @@ the same at step 100 and at step 100,000.
 The global time of a step is the slowest rank's. In synchronous data-parallel training all
 ranks' step periods are equal (the gradient all-reduce lines them up), so the straggler is
 found from the part of the step a rank spends before its first collective (data + forward).
+
+An outlier step is a measured step longer than ``OUTLIER_FACTOR`` times the median step and at
+least ``OUTLIER_EXCESS_S`` over it (a checkpoint save, a garbage-collection pause, a profiler, a
+slow file system). The mean still counts it, as the wall time does; the summary names them.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +34,8 @@ _TOTALS = (*StepTimes.VALUES, "local_s")  # local = data + forward
 _DATA, _FORWARD = COLUMNS.index("data_s"), COLUMNS.index("forward_s")
 
 Rows = Sequence[Sequence[Sequence[float]]]  # [rank][step][COLUMNS]
+OUTLIER_FACTOR, OUTLIER_EXCESS_S = 3.0, 1.0  # an outlier: over 3 x the median step and 1 s over it
+LONGEST_KEPT = 16  # the longest measured steps kept to name the outliers among them
 
 
 def rank_rows(per_rank: list[list[StepTimes]]) -> list[list[list[float]]]:
@@ -79,6 +86,7 @@ class RunStats:
         self._counts = [[0] * len(_TOTALS) for _ in range(world_size)]
         self._means: list[list[float] | None] = []
         self._means_at = -1  # steps_measured when _means was computed
+        self._longest: list[tuple[float, int, str | None]] = []  # min-heap: (global s, step, phase)
 
     def is_warmup(self, step: int) -> bool:
         return step <= self.start_step + self.warmup_steps
@@ -115,12 +123,13 @@ class RunStats:
         values = [[[*row[1:], row[_DATA] + row[_FORWARD]] for row in rank] for rank in rows]
         global_s = [max(rank[index][0] for rank in values) for index in range(len(step_numbers))]
         keep = [self.is_measured(n) for n in step_numbers]
-        for value, kept in zip(global_s, keep, strict=True):
+        for index, (value, kept) in enumerate(zip(global_s, keep, strict=True)):
             if kept:
                 self._sorted.add(value)
                 delta = value - self._mean
                 self._mean += delta / len(self._sorted)
                 self._m2 += delta * (value - self._mean)
+                self._keep_if_longest(value, step_numbers[index], values, index)
         for rank_values, sums, counts in zip(values, self._sums, self._counts, strict=True):
             measured = [row for row, kept in zip(rank_values, keep, strict=True) if kept]
             for column in range(len(_TOTALS)):
@@ -154,6 +163,31 @@ class RunStats:
                       for name in PHASE_TIMES},
             measured_step_s=tuple(seconds for seconds, kept in zip(global_s, keep, strict=True) if kept),
         )
+
+    def _keep_if_longest(self, value: float, step: int, values: list[list[list[float]]], index: int) -> None:
+        """Keep the step among the longest, with its longest phase on any rank: a rank's long data wait
+        (or forward) holds the others in the gradient all-reduce (their backward), for less time."""
+        if len(self._longest) == LONGEST_KEPT and value <= self._longest[0][0]:
+            return
+        phases = [(rank[index][1 + i], name) for rank in values for i, name in enumerate(PHASE_TIMES)
+                  if not math.isnan(rank[index][1 + i])]
+        phase = max(phases)[1].removesuffix("_s") if phases else None
+        entry = (value, step, phase)
+        if len(self._longest) < LONGEST_KEPT:
+            heapq.heappush(self._longest, entry)
+        else:
+            heapq.heapreplace(self._longest, entry)
+
+    def outliers(self, shown: int = 10) -> tuple[int, list[dict[str, Any]]]:
+        """(how many measured steps are outliers, the ``shown`` longest of them: step, step_time_s and
+        the phase that held most of the time where the marks say, None where they do not)."""
+        if not self._sorted:
+            return 0, []
+        median = _percentile(self._sorted, 50)
+        threshold = max(OUTLIER_FACTOR * median, median + OUTLIER_EXCESS_S)
+        count = self._sorted.count_above(threshold)
+        named = sorted((entry for entry in self._longest if entry[0] > threshold), reverse=True)[:shown]
+        return count, [{"step": step, "step_time_s": seconds, "phase": phase} for seconds, step, phase in named]
 
     @property
     def steps_measured(self) -> int:
@@ -258,6 +292,14 @@ class SortedValues:
 
     def __len__(self) -> int:
         return self._length
+
+    def count_above(self, threshold: float) -> int:
+        """How many values are greater than ``threshold``."""
+        index = bisect.bisect_right(self._maxes, threshold)  # chunks before it hold none above
+        if index == len(self._chunks):
+            return 0
+        above = len(self._chunks[index]) - bisect.bisect_right(self._chunks[index], threshold)
+        return above + sum(len(chunk) for chunk in self._chunks[index + 1:])
 
     def __getitem__(self, position: int) -> float:
         """The value at ``position`` (0: the smallest) in the order."""

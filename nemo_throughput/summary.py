@@ -158,8 +158,11 @@ def _timing(facts: RunFacts, stats: RunStats, log_timing: LogTiming | None) -> d
     if straggler is not None and straggler["rank"] < len(facts.places):
         place = facts.places[straggler["rank"]]
         straggler = {**straggler, "host": place["host"], "gpu_index": place["gpu_index"]}
+    outlier_count, outlier_steps = stats.outliers()
     timing = {
         "step_time_s": stats.step_time_summary(),
+        "outlier_count": outlier_count,
+        "outlier_steps": outlier_steps,
         "steps_measured": stats.steps_measured,
         "warmup_steps": stats.warmup_steps,
         "skipped_steps": len(stats.skipped),  # iterations the framework skipped (Bridge's skipped_iter)
@@ -174,6 +177,17 @@ def _timing(facts: RunFacts, stats: RunStats, log_timing: LogTiming | None) -> d
         timing.update(window=log_timing.window, steps=log_timing.steps,
                       excluded_step_times=log_timing.excluded_step_times)
     return timing
+
+
+def outliers_text(timing: dict[str, Any]) -> str | None:
+    """A summary's outlier steps in words (the headline, the final log line, report's note): how many,
+    the longest, and the median beside the mean that counts them; None without outliers."""
+    count, longest, step = timing.get("outlier_count"), (timing.get("outlier_steps") or [None])[0], timing["step_time_s"]
+    if not count or not isinstance(longest, dict) or not step:
+        return None
+    phase = f", in {printable(longest['phase'])}" if longest.get("phase") else ""
+    return (f"{count} (the longest: step {longest['step']}, {longest['step_time_s']:.4g} s{phase}); the mean step "
+            f"time {step['mean']:.4g} s counts {'them' if count > 1 else 'it'}, the median is {step['median']:.4g} s")
 
 
 def mfu_convention(facts: RunFacts) -> dict[str, Any]:

@@ -162,3 +162,30 @@ def test_sorted_values_keep_order_across_chunk_splits(monkeypatch):
     stats.add(steps_tensor([rank_steps(1, values)]))
     assert stats.step_time_summary()["median"] == pytest.approx(sorted(values)[len(values) // 2 - 1] / 2
                                                                  + sorted(values)[len(values) // 2] / 2)
+
+
+def test_outlier_steps_are_over_three_medians_and_a_second_over_it_and_name_their_phase(monkeypatch):
+    """A step of 23 s among 0.7 s ones (a profiler export in another callback's hook): named, with the
+    phase that held it; a step 3.5 x the median but under a second over it is not an outlier."""
+    monkeypatch.setattr(SortedValues, "CHUNK", 4)  # counting above the threshold across chunks
+    stats = RunStats(world_size=2, warmup_steps=0)
+    times = [0.7] * 40
+    times[19], times[29], times[9] = 23.0, 2.45, 9.0  # 2.45 s: 3.5 x the median, 1.75 s over it
+    fast = [StepTimes(i + 1, t, data_s=0.1, forward_s=0.2, backward_s=0.3, optimizer_s=0.1) for i, t in enumerate(times)]
+    # rank 1 waits for data in the long steps; rank 0 waits for it in the gradient all-reduce (backward)
+    slow = [s._replace(data_s=s.step_s - 0.6) for s in fast]
+    fast = [s._replace(backward_s=s.step_s - 0.8) for s in fast]
+    stats.add(steps_tensor([fast, slow]))
+    count, steps = stats.outliers()
+    assert count == 3 and [s["step"] for s in steps] == [20, 10, 30]
+    assert steps[0] == {"step": 20, "step_time_s": 23.0, "phase": "data"}
+
+    small = RunStats(world_size=1, warmup_steps=0)
+    small.add(steps_tensor([rank_steps(1, [0.1] * 20 + [0.35, 0.9])]))  # 3.5 x and 9 x, both under a second over
+    assert small.outliers() == (0, [])
+    assert RunStats(world_size=1, warmup_steps=0).outliers() == (0, [])
+
+    many = RunStats(world_size=1, warmup_steps=0)
+    many.add(steps_tensor([rank_steps(1, [1.0] * 100 + [10.0 + i for i in range(30)])]))
+    count, steps = many.outliers()
+    assert count == 30 and len(steps) == 10 and steps[0]["step_time_s"] == 39.0 and steps[0]["phase"] is None

@@ -532,3 +532,40 @@ def test_a_file_name_with_terminal_escapes_is_shown_without_them(tmp_path, quiet
         trainer.fit(DemoGPT(tiny_gpt_cfg()))
     written = [r.getMessage() for r in caplog.records if "run summary written to" in r.getMessage()]
     assert written == [f"nemo-throughput: completed run summary written to {tmp_path}/runs/summary.json"]
+
+
+def test_a_step_held_by_another_callback_is_named_an_outlier_beside_the_median(tmp_path, quiet_trainer_kwargs,
+                                                                               caplog):
+    """One step's start is held 1.5 s by another callback's hook (a profiler export, a checkpoint to a
+    slow file system): the summary names it, with the phase, and the headline, the final log line and
+    report say so beside the median; the mean still counts it."""
+    import logging
+    import subprocess
+    import sys
+
+    import pytorch_lightning as pl
+
+    from nemo_throughput.demo.command import headline
+
+    class HoldsStepSeven(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step + 1 == 7:
+                time.sleep(1.5)
+
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=4, warmup_steps=2)
+    trainer = pl.Trainer(max_steps=12, callbacks=[HoldsStepSeven(), callback], logger=False, **quiet_trainer_kwargs)
+    with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
+        trainer.fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
+    summary = json.loads(open(callback.summary_path).read())
+    timing = summary["timing"]
+    assert timing["outlier_count"] == 1 and len(timing["outlier_steps"]) == 1
+    (outlier,) = timing["outlier_steps"]
+    assert outlier["step"] == 7 and outlier["step_time_s"] >= 1.5 and outlier["phase"] == "data"
+    assert timing["step_time_s"]["max"] == outlier["step_time_s"] > timing["step_time_s"]["mean"]
+    said = (f"1 (the longest: step 7, {outlier['step_time_s']:.4g} s, in data); the mean step time "
+            f"{timing['step_time_s']['mean']:.4g} s counts it, the median is {timing['step_time_s']['median']:.4g} s")
+    assert f"outlier steps  {said}" in headline(summary).splitlines()
+    assert f"nemo-throughput: outlier steps: {said} (timing.outlier_steps)" in caplog.text
+    report = subprocess.run([sys.executable, "-m", "nemo_throughput.cli", "report", callback.summary_path],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0 and f"note: {callback.summary_path}: outlier steps: {said}" in report.stderr

@@ -15,7 +15,7 @@ from typing import Any
 
 from nemo_throughput.outputs import OutputPathError, check_output_dir
 from nemo_throughput.redact import redact_argument
-from nemo_throughput.summary import read_summary
+from nemo_throughput.summary import outliers_text, read_summary
 from nemo_throughput.text import printable
 
 
@@ -173,4 +173,6 @@ def headline(summary: dict[str, Any]) -> str:
         f"{timing['straggler']['metric']} over the median rank)",
         f"1T tokens in   {throughput['days_to_train_1t_tokens']:,.1f} days",
     ]
+    if (outliers := outliers_text(timing)) is not None:
+        lines.insert(2, f"outlier steps  {outliers}")
     return "\n".join(lines)

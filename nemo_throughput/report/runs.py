@@ -28,7 +28,7 @@ from nemo_throughput.report.fields import (
 )
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
 from nemo_throughput.run_facts import USER_FLOPS
-from nemo_throughput.summary import EXPLAINED, STATUSES, read_summary
+from nemo_throughput.summary import EXPLAINED, STATUSES, outliers_text, read_summary
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import CountedStep, Workload
 from nemo_throughput.window import Window
@@ -288,12 +288,20 @@ def _measured_step_time(path: Path, fields: Fields, window: Window | None
         if fields.value("timing.step_time_s") is None or fields.value("timing.steps_measured") == 0:
             raise ReportError(f"{path}: no measured steps (the run was shorter than its warm-up)")
         window_text = fields.text("timing.window") if fields.value("timing.window", None) is not None else None
-        return fields.positive("timing.step_time_s.mean"), fields.count("timing.steps_measured"), window_text, []
+        return (fields.positive("timing.step_time_s.mean"), fields.count("timing.steps_measured"), window_text,
+                _outlier_notes(path, fields))
     steps, notes = _step_series(path, fields)
     selected = window.select(steps)
     if not selected:
         raise ReportError(f"{path}: --window {window.text} selects none of its steps ({_step_range(steps)})")
     return statistics.fmean(t for _, t in selected), len(selected), window.text, notes
+
+
+def _outlier_notes(path: Path, fields: Fields) -> list[str]:
+    """A note where the summary names outlier steps (timing.outlier_steps), since the mean step
+    time the report uses counts them."""
+    text = outliers_text(fields.document["timing"])
+    return [f"{printable(path)}: outlier steps: {text}"] if text else []
 
 
 def _step_series(path: Path, fields: Fields) -> tuple[list[tuple[int, float]], list[str]]:

@@ -21,7 +21,7 @@ from typing import Any
 from nemo_throughput.prometheus import PrometheusEndpoint, job_id
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.signals import SigtermWatch
-from nemo_throughput.summary import SummaryFile, write_json_atomic
+from nemo_throughput.summary import SummaryFile, outliers_text, write_json_atomic
 from nemo_throughput.text import printable
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,8 @@ class Publisher:
             if self.rank == 0:
                 self._file.close(summary)
                 log.info("nemo-throughput: %s run summary written to %s", status, printable(self.summary_path))
+                if (outliers := outliers_text(summary["timing"])) is not None:
+                    log.warning("nemo-throughput: outlier steps: %s (timing.outlier_steps)", outliers)
             elif missing is None:  # the final exchange completed: rank 0 has every step this rank has
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self.rank_summary_path)
