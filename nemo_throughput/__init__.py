@@ -27,7 +27,7 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
   time_to_train, plots) makes tables and plots of summaries.
 * entry points: cli and the ``command`` modules (report, importers, launch, bench, demo,
   explain.probe_command); launch/ (slurm, kubernetes), bench/ (trials, harness, syncs, stats,
-  render, log_step), demo/ (gpt, train, console), conf/ (the Hydra config groups).
+  render, log_step, stand_in: a slow NVML), demo/ (gpt, train, console), conf/ (the Hydra config groups).
 """
 
 import importlib
