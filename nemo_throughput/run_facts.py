@@ -122,10 +122,19 @@ class Learned:
     flops_per_sample: float | None = None
     measured_flops: dict[str, Any] | None = None  # measured_flops.MeasuredFlops.to_dict()
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_made", None)  # something learned: the next snapshot is a new one
+
     def facts(self, known: RunFacts) -> RunFacts:
-        """``known`` (the set-up's facts) with what has been learned so far."""
-        learned = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-        return replace(known, **learned) if learned else known
+        """``known`` (the set-up's facts) with what has been learned so far; the same object until
+        something more is learned (a log step makes no new one for nothing)."""
+        made = self.__dict__.get("_made")
+        if made is None or made[0] is not known:
+            learned = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+            made = (known, replace(known, **learned) if learned else known)
+            object.__setattr__(self, "_made", made)
+        return made[1]
 
 
 def new_run_id() -> str:

@@ -391,3 +391,26 @@ def test_a_primary_rate_that_is_neither_tokens_nor_samples_excludes_the_run(tmp_
     code, out, err = report(tmp_path, capsys=capsys)
     assert code == 1 and "gpt3-126m" in out
     assert f"{odd}: throughput.primary is 'images_per_s'; it must be one of ['tokens_per_s', 'samples_per_s']" in err
+
+
+@pytest.mark.parametrize("outliers, problem", [
+    ([{"step": 3, "step_time_s": "25", "phase": "data"}], "timing.outlier_steps[0].step_time_s"),
+    ([{"step": 3, "step_time_s": 25.0, "phase": "\x1b[31mdata"}], "timing.outlier_steps[0].phase"),
+    ([{"step": 3, "step_time_s": -1.0, "phase": None}], "timing.outlier_steps[0].step_time_s"),
+    ("step 3", "timing.outlier_steps"),
+    ([{"step": 3}], "timing.outlier_steps[0]: missing"),
+])
+def test_hostile_outlier_steps_exclude_the_run_naming_the_field(tmp_path, outliers, problem):
+    path = edit(edit(good_run(tmp_path), "timing.outlier_count", 1), "timing.outlier_steps", outliers)
+    with pytest.raises(ReportError) as caught:
+        load_run(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not a valid") and problem in message and "\x1b" not in message
+
+
+def test_outlier_steps_become_a_note_beside_the_median(tmp_path):
+    path = edit(edit(good_run(tmp_path, step_times=[1.0, 1.0, 1.0, 9.0]), "timing.outlier_count", 1),
+                "timing.outlier_steps", [{"step": 4, "step_time_s": 9.0, "phase": "data"}])
+    (note,) = load_run(path).notes
+    assert note == (f"{path}: outlier steps: 1 (the longest: step 4, 9 s, in data); the mean step time 3 s counts "
+                    "it, the median is 1 s")
