@@ -213,3 +213,62 @@ def test_the_loggers_telemetry_keys_are_the_latest_readings_over_ranks():
         "throttled_ranks": 1,
         "joules_per_token": (500 + 600 + 400) / 10_000, "tokens_per_kwh": 10_000 / (1500 / 3.6e6)}, rel=1e-12)
     assert set(live) == TELEMETRY_KEYS
+
+
+def test_a_tracker_that_raises_never_fails_the_run_and_the_others_still_get_every_interval(tmp_path, caplog):
+    """A tracker whose server is unreachable raises on every call of ours: the run completes, its
+    summary says so, the failure is logged once (and counted at the end), and the loggers after it
+    still get every interval."""
+    import logging
+
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback as LightningCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    class Unreachable(pl.loggers.CSVLogger):  # as a tracker whose server is down answers our calls
+        def log_metrics(self, metrics, step=None):
+            if any(key.startswith("throughput/") for key in metrics):
+                raise ConnectionError("tracking server 127.0.0.1:9 refused the connection")
+            super().log_metrics(metrics, step)
+
+    down, csv_logger = Unreachable(tmp_path / "down"), pl.loggers.CSVLogger(tmp_path / "csv")
+    callback = LightningCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=2, warmup_steps=1)
+    with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
+        pl.Trainer(max_steps=8, accelerator="cpu", devices=1, logger=[down, csv_logger], enable_progress_bar=False,
+                   enable_model_summary=False, enable_checkpointing=False, callbacks=[callback],
+                   ).fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
+    csv_logger.finalize("success")
+    assert read_json(callback.summary_path)["status"] == "completed"
+    failures = [r.getMessage() for r in caplog.records if "Unreachable logger" in r.getMessage()]
+    assert failures[0].startswith("nemo-throughput: the Unreachable logger could not take our metrics (ConnectionError: "
+                                  "tracking server 127.0.0.1:9 refused the connection); training goes on")
+    with open(Path(csv_logger.log_dir) / "metrics.csv") as file:
+        steps = {int(row["step"]) for row in csv.DictReader(file) if row.get("throughput/step_time_s")}
+    assert len(steps) >= 4  # every interval's metrics (one each 2 of 8 steps, and the last), past the failing logger
+    assert len(failures) == 2 and failures[1].endswith(f"failed to take our metrics {len(steps)} times in this run")
+
+
+def test_a_bridge_writer_that_raises_never_fails_the_run(tmp_path, caplog):
+    import logging
+
+    class RefusingWriter:  # a TensorBoard SummaryWriter on a full disk raises from add_scalar
+        def add_scalar(self, key, value, step):
+            raise OSError(28, "No space left on device")
+
+    class MlflowStandIn:
+        def __init__(self):
+            self.logged = []
+
+        def log_metrics(self, metrics, step):
+            self.logged.append(step)
+
+    mlflow = MlflowStandIn()
+    callback = ThroughputCallback(output_dir=str(tmp_path), log_every_n_steps=2, warmup_steps=1)
+    with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
+        run_bridge_loop(llama_like_config(steps=8), callback,
+                        writers={"tensorboard_logger": RefusingWriter(), "mlflow_logger": mlflow})
+    assert read_json(callback.summary_path)["status"] == "completed"
+    assert "the tensorboard_logger logger could not take our metrics (OSError: [Errno 28] No space left" in caplog.text
+    assert mlflow.logged  # the writer after the failing one still gets every interval

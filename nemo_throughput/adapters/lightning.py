@@ -25,6 +25,7 @@ from nemo_throughput.batches import batch_layout
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.hardware import dtype_for_precision
 from nemo_throughput.run.measurement import Measurement, MeasurementView
+from nemo_throughput.run.reporting import LogMetrics, log_metrics_to
 from nemo_throughput.run_facts import RunFacts, resolve_run_facts
 from nemo_throughput.summary import OutputDirError
 
@@ -69,7 +70,7 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
             self.measurement.set_up(functools.partial(describe_run, self.config, trainer, pl_module),
                                     trainer.strategy.root_device, rank,
                                     default_dir=os.path.join(trainer.log_dir or os.getcwd(), "throughput"),
-                                    log_metrics=lambda metrics, step: _log_to(trainer, metrics, step))
+                                    loggers=functools.partial(_loggers, trainer))
         except (ValueError, OSError) as error:
             if not self.from_hydra_config:
                 raise  # in code, the caller gets the exception with its message
@@ -151,9 +152,10 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         self.measurement.exception(trainer.global_step, exception)
 
 
-def _log_to(trainer: Any, metrics: dict[str, float], step: int) -> None:
-    for logger in trainer.loggers:
-        logger.log_metrics(metrics, step=step)
+def _loggers(trainer: Any) -> list[tuple[str, LogMetrics]]:
+    """The trainer's loggers (run.reporting.Loggers), each named by its class."""
+    return [(type(logger).__name__, functools.partial(log_metrics_to, logger)) for logger in trainer.loggers]
+
 
 
 def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,

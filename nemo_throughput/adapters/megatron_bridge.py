@@ -43,6 +43,7 @@ from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.hardware import dtype_for_precision
 from nemo_throughput.run.measurement import Measurement, MeasurementView
+from nemo_throughput.run.reporting import LogMetrics, log_metrics_to
 from nemo_throughput.megatron_config import (
     formula_gaps,
     high_precision_layers,
@@ -121,32 +122,34 @@ class BridgeThroughputCallback(MeasurementView):
     def _set_up(self, cfg: Any) -> None:
         facts = self.measurement.set_up(functools.partial(describe_bridge_run, self.config, cfg, _device()),
                                         _device(), distributed.rank(), os.path.join(os.getcwd(), "throughput"),
-                                        log_metrics=self._log_to_bridge_writers, log_rank=distributed.world_size() - 1)
+                                        loggers=self._bridge_writers, log_rank=distributed.world_size() - 1)
         # Bridge hands callbacks no batch: the dataset config's word stands, and the step's own FLOPs
         # accumulators count its packed sequences.
         self._counts_packs = facts.batch_layout == PACKED
 
-    def _log_to_bridge_writers(self, metrics: dict[str, float], step: int) -> None:
-        """One interval's metrics to each writer Bridge configured (on the last rank), at the interval's
-        last step. W&B takes no step behind its latest row (Bridge logs its iterations): there the
-        metrics complete the row in progress, charted against their own step axis (``throughput/step``);
-        we log at most once per iteration, so W&B's row never runs ahead of Bridge's next one."""
-        state = self._state
-        writer = getattr(state, "tensorboard_logger", None)
-        if writer is not None:
-            for key, value in metrics.items():
-                writer.add_scalar(key, value, step)
-        wandb = getattr(state, "wandb_logger", None)
-        if wandb is not None:
-            if not self._wandb_axis:
-                wandb.define_metric(WANDB_STEP)
-                wandb.define_metric("throughput/*", step_metric=WANDB_STEP)
-                self._wandb_axis = True
-            wandb.log({**metrics, WANDB_STEP: step})
+    def _bridge_writers(self) -> list[tuple[str, LogMetrics]]:
+        """Each writer Bridge configured (on the last rank; run.reporting.Loggers), named by its
+        GlobalState attribute; each gets one interval's metrics at the interval's last step."""
+        state, writers = self._state, []
+        if (tensorboard := getattr(state, "tensorboard_logger", None)) is not None:
+            writers.append(("tensorboard_logger", functools.partial(_to_tensorboard, tensorboard)))
+        if getattr(state, "wandb_logger", None) is not None:
+            writers.append(("wandb_logger", self._to_wandb))
         for name in ("mlflow_logger", "comet_logger"):  # both: log_metrics(dict, step=...)
-            logger = getattr(state, name, None)
-            if logger is not None:
-                logger.log_metrics(metrics, step=step)
+            if (logger := getattr(state, name, None)) is not None:
+                writers.append((name, functools.partial(log_metrics_to, logger)))
+        return writers
+
+    def _to_wandb(self, metrics: dict[str, float], step: int) -> None:
+        """W&B takes no step behind its latest row (Bridge logs its iterations): the metrics complete the
+        row in progress, charted against their own step axis (``throughput/step``); we log at most once
+        per iteration, so W&B's row never runs ahead of Bridge's next one."""
+        wandb = self._state.wandb_logger
+        if not self._wandb_axis:
+            wandb.define_metric(WANDB_STEP)
+            wandb.define_metric("throughput/*", step_metric=WANDB_STEP)
+            self._wandb_axis = True
+        wandb.log({**metrics, WANDB_STEP: step})
 
     def _count_packs(self, state: Any) -> None:
         """The step's token slots and sum of squared sequence lengths, as Bridge's forward step
@@ -235,6 +238,12 @@ def bridge_dtype(cfg: Any) -> str | None:
         if getattr(source, flag, False):
             return dtype
     return dtype_for_precision("32")
+
+
+def _to_tensorboard(writer: Any, metrics: dict[str, float], step: int) -> None:
+    for key, value in metrics.items():
+        writer.add_scalar(key, value, step)
+
 
 
 def _dataset_seq_length(cfg: Any) -> int | None:

@@ -103,7 +103,7 @@ def _drive(rank: int, world_size: int, out: str, steps_done: tuple[int, ...], sa
                                  device=device, framework_dtype="fp32", rank_records=records)
 
     measurement = Measurement(config)
-    measurement.set_up(describe, device, rank, default_dir=out, log_metrics=lambda metrics, step: None)
+    measurement.set_up(describe, device, rank, default_dir=out, loggers=lambda: [])
     measurement.train_start(0, world_size)
     gradients = torch.zeros(1024)
     step, by_point = 0, {}

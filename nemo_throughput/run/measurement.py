@@ -35,7 +35,7 @@ from nemo_throughput.flops import MEASURED
 from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger, RunGoodput
 from nemo_throughput.measured_flops import FirstStepFlops
 from nemo_throughput.run.publishing import Publisher
-from nemo_throughput.run.reporting import MetricsSink, Reporter
+from nemo_throughput.run.reporting import Loggers, Reporter
 from nemo_throughput.run.startup import DescribeRun, start_run
 from nemo_throughput.run_facts import Learned, RunFacts
 from nemo_throughput.run_stats import RunStats
@@ -70,7 +70,7 @@ class Measurement:
         self._goodput: RunGoodput | None = None  # rank 0
         self._ledger: Ledger | None = None  # rank 0: this segment's goodput ledger, on the hot path
         self.run_clock: RunClock | None = None  # a target set: its clock (run_clock.clock) and MLPerf log
-        self._log_metrics: MetricsSink | None = None
+        self._loggers: Loggers | None = None
         self._log_rank = 0  # the rank whose loggers get the metrics (the framework's: Lightning's 0)
         self._timer: StepTimer | None = None
         self.stats: RunStats | None = None
@@ -94,13 +94,13 @@ class Measurement:
 
     # ----------------------------------------------------------------------- set-up
     def set_up(self, describe: DescribeRun, device: torch.device, rank: int, default_dir: str,
-               log_metrics: MetricsSink | None = None, log_rank: int = 0) -> RunFacts:
+               loggers: Loggers | None = None, log_rank: int = 0) -> RunFacts:
         """The set-up every stack makes once (run.startup.start_run): ``describe`` works out the run's
         facts from every rank's record; ``default_dir`` is the adapter's output directory, used when no
-        output_dir setting or variable is set; ``log_metrics``, called on ``log_rank`` (where the
-        framework's loggers live), logs each interval. Starts the run clock; returns the facts."""
+        output_dir setting or variable is set; ``loggers`` (run.reporting.Loggers), called on ``log_rank``
+        (where the framework's loggers live), get each interval. Starts the run clock; returns the facts."""
         started = start_run(self.config, describe, rank, default_dir)
-        self.rank, self._device, self._log_metrics, self._log_rank = rank, device, log_metrics, log_rank
+        self.rank, self._device, self._loggers, self._log_rank = rank, device, loggers, log_rank
         self._facts = facts = started.facts
         self.publisher = Publisher(rank, started.output_dir)
         if rank == 0:
@@ -139,7 +139,7 @@ class Measurement:
         if self._reporter is not None:  # a fit after a fit
             self._reporter.close()
         self._reporter = Reporter(self.stats, self._explain, self.publisher, self.run_clock, self._goodput,
-                                  self._log_metrics, self._log_rank)
+                                  self._loggers, self._log_rank)
         self._reporter.publish_running(self.facts)
         self._timer.anchor()
 

@@ -2,8 +2,9 @@
 rank 0's endpoint and steps.jsonl rows, and the summary as of what was absorbed. Log steps hand
 intervals to the reporting thread (:class:`~nemo_throughput.background.OrderedWorker`) with the
 run's facts as of that step (a frozen snapshot); the loggers' calls go back to the training thread
-(loggers need not be thread-safe). The end of the run drains the thread and reports the final
-exchange's intervals on the training thread.
+(loggers need not be thread-safe). Trackers are guests: a logger that raises (W&B or MLflow
+unreachable, say) is told once in the log, counted, and never fails the run. The end of the run
+drains the thread and reports the final exchange's intervals on the training thread.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -34,8 +35,15 @@ from nemo_throughput.timing import BATCH_COUNTS
 
 log = logging.getLogger(__name__)
 
-# Logs one interval's metrics (the adapter's loggers): (metrics, last step of the interval).
-MetricsSink = Callable[[dict[str, float], int], None]
+# One logger's call with an interval's metrics: (metrics, last step of the interval).
+LogMetrics = Callable[[dict[str, float], int], None]
+# The framework's loggers, read at each log step: (a name for messages, its call).
+Loggers = Callable[[], Iterable[tuple[str, LogMetrics]]]
+
+
+def log_metrics_to(logger: Any, metrics: dict[str, float], step: int) -> None:
+    """LogMetrics of a logger with ``log_metrics(metrics, step=...)`` (Lightning's, MLflow's, Comet's)."""
+    logger.log_metrics(metrics, step=step)
 
 
 class Reporter:
@@ -43,11 +51,12 @@ class Reporter:
     absorbs, to keep the statistics the final exchange and the summary need)."""
 
     def __init__(self, stats: RunStats, explain: RunExplanation, publisher: Publisher, clock: RunClock | None,
-                 goodput: RunGoodput | None, log_metrics: MetricsSink | None, log_rank: int) -> None:
+                 goodput: RunGoodput | None, loggers: Loggers | None, log_rank: int) -> None:
         self.stats, self._explain, self._publisher = stats, explain, publisher
         self._clock, self._goodput = clock, goodput  # the summary's time to target and goodput (rank 0)
         self._rank = publisher.rank
-        self._log_metrics, self._log_rank = log_metrics, log_rank
+        self._loggers, self._log_rank = loggers, log_rank
+        self._failures: dict[str, int] = {}  # a logger's name -> calls of it that raised
         self._worker = OrderedWorker("nemo-throughput-report")
         self._to_log: deque[tuple[dict[str, float], int]] = deque()  # for the loggers, on the training thread
         self.goodput_pct = math.nan  # rank 0's goodput % as last received (NaN: none yet)
@@ -96,7 +105,7 @@ class Reporter:
             "padding_share": counted.padding_share if counted else None,
             "goodput_pct": None if math.isnan(self.goodput_pct) else self.goodput_pct,
             **self._explain.live(workload.step_tokens)})
-        if self._rank == self._log_rank and self._log_metrics is not None:
+        if self._rank == self._log_rank and self._loggers is not None:
             self._to_log.append((logged, interval.last_step))
         if self._rank != 0:
             return
@@ -157,7 +166,18 @@ class Reporter:
         """The loggers' calls, on the training thread (loggers need not be thread-safe)."""
         while self._to_log:
             metrics, step = self._to_log.popleft()
-            self._log_metrics(metrics, step)
+            for name, log_metrics in self._loggers():
+                try:
+                    log_metrics(metrics, step)
+                except Exception as error:  # a guest's failure: never the run's
+                    self._failed(name, error)
+
+    def _failed(self, name: str, error: Exception) -> None:
+        self._failures[name] = self._failures.get(name, 0) + 1
+        if self._failures[name] == 1:
+            log.warning("nemo-throughput: the %s logger could not take our metrics (%s: %s); training goes on, and "
+                        "the summary has every figure. Its further failures are counted, not logged.",
+                        printable(name), type(error).__name__, printable(error))
 
     def drain(self, raise_error: bool) -> None:
         """Wait for the reporting thread to take every interval handed over; then log them."""
@@ -168,3 +188,6 @@ class Reporter:
 
     def close(self) -> None:
         self._worker.close()
+        for name, count in self._failures.items():
+            log.warning("nemo-throughput: the %s logger failed to take our metrics %d time%s in this run", printable(name),
+                        count, "s" if count > 1 else "")
