@@ -70,7 +70,7 @@ class PrometheusEndpoint:
         from prometheus_client import CollectorRegistry, Enum, Gauge, Histogram
 
         self.setting = dict(setting)
-        self.address: str | None = None  # host:port, once serving
+        self.address: str | None = None  # host:port as a URL has it, once serving
         self._labels = [labels[name] for name in RUN_LABELS]
         self.registry = CollectorRegistry()
         with_window = (*RUN_LABELS, "window")
@@ -100,7 +100,8 @@ class PrometheusEndpoint:
                         "on; choose a free port with prometheus.port or %s.", addr, port, error,
                         ENV_PROMETHEUS_PORT)
             return False
-        self.address = f"{addr}:{self._server.server_port}"
+        host = f"[{addr}]" if ":" in addr else addr  # an IPv6 address is bracketed in a URL (RFC 3986)
+        self.address = f"{host}:{self._server.server_port}"
         log.info("nemo-throughput: Prometheus metrics at http://%s/metrics", self.address)
         return True
 

@@ -104,6 +104,23 @@ def serve_synthetic_telemetry(port: int, summary: dict) -> PrometheusEndpoint:
     return endpoint
 
 
+def test_an_ipv6_address_is_served_and_printed_as_a_valid_url(caplog):
+    import logging
+    import urllib.request
+
+    endpoint = PrometheusEndpoint({"port": 0, "addr": "::1", "linger_s": 0.0},
+                                  dict.fromkeys(("run", "run_id", "label", "model", "job_id"), "x"))
+    with caplog.at_level(logging.INFO, logger="nemo_throughput"):
+        assert endpoint.serve()
+    try:
+        url = f"http://{endpoint.address}/metrics"
+        assert url.startswith("http://[::1]:") and f"Prometheus metrics at {url}" in caplog.text
+        with urllib.request.urlopen(url, timeout=10) as response:  # the printed URL is one a client opens
+            assert b"nemo_throughput_status" in response.read()
+    finally:
+        endpoint.close()
+
+
 @pytest.mark.slow
 def test_a_real_prometheus_scrapes_a_two_rank_run_and_holds_the_summary_s_numbers(tmp_path):
     run_port, synthetic_port = free_port(), free_port()
