@@ -201,6 +201,10 @@ def check_profile_window(profile_steps: tuple[int, int] | None, warmup_steps: in
                          f"step {start_step + 1} with {warmup_steps} warm-up steps, so profile from step "
                          f"{measured_from} on (callbacks.throughput.profile_steps=[{measured_from},"
                          f"{measured_from + last - first}] with Hydra)")
+    if max_steps is not None and measured_from > max_steps:
+        raise ValueError(f"profile_steps [{first}, {last}]: this run measures no step to profile (steps "
+                         f"{start_step + 1}-{max_steps} are all warm-up, warmup_steps {warmup_steps}); train more "
+                         "steps, lower warmup_steps, or drop profile_steps")
     if max_steps is not None and last > max_steps:
         raise ValueError(f"profile_steps [{first}, {last}] ends after the run's last step {max_steps}: choose a "
                          f"window inside steps {measured_from}-{max_steps}")

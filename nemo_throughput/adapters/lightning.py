@@ -13,11 +13,12 @@ batches are also counted on the device (batches.TokenCounter).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from nemo_throughput.adapters.nemo import read_module
@@ -65,12 +66,18 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         rank = trainer.global_rank
         self._read_metrics = functools.partial(getattr, trainer, "callback_metrics")
         self._batch_unseen = True
-        try:
+        with self._refusal_in_one_line(rank):
             # Lightning creates the data loaders after the setup hooks: the run clock starts before.
             self.measurement.set_up(functools.partial(describe_run, self.config, trainer, pl_module),
                                     trainer.strategy.root_device, rank,
                                     default_dir=os.path.join(trainer.log_dir or os.getcwd(), "throughput"),
                                     loggers=functools.partial(_loggers, trainer))
+
+    @contextlib.contextmanager
+    def _refusal_in_one_line(self, rank: int) -> Iterator[None]:
+        """A setting the run refuses (at set-up, or at train start where the steps are known)."""
+        try:
+            yield
         except (ValueError, OSError) as error:
             if not self.from_hydra_config:
                 raise  # in code, the caller gets the exception with its message
@@ -99,7 +106,8 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         max_steps = trainer.max_steps if trainer.max_steps > 0 else None  # -1: epochs decide
-        self.measurement.train_start(trainer.global_step, trainer.world_size, max_steps)
+        with self._refusal_in_one_line(trainer.global_rank):  # a profile window past the last step
+            self.measurement.train_start(trainer.global_step, trainer.world_size, max_steps)
 
     # ----------------------------------------------------------------------- hot path
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
