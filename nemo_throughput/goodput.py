@@ -21,6 +21,7 @@ import logging
 import math
 import mmap
 import os
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,7 +68,8 @@ class Ledger:
 
     def __init__(self, directory: str | os.PathLike, started_epoch_s: float | None = None) -> None:
         self.path = Path(directory) / LEDGER_FILE
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+        # Never through a link: a ledger path that is one would truncate the file it points to.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
         try:
             os.ftruncate(fd, _SIZE)
             self._map = mmap.mmap(fd, _SIZE)
@@ -152,15 +154,17 @@ class Segment:
 
 
 def read_ledger(path: str | os.PathLike) -> Segment | None:
-    """A ledger file's segment; None when it is not one (or its training never started)."""
+    """A ledger file's segment; None when it is not one (or its training never started). Read without
+    following a link, from a regular file of a ledger's size only, and never waiting: a FIFO, a
+    device, a link to /dev/zero or a directory where a ledger belongs is no segment. Numbers that are
+    not finite (a file written by hand, or broken) make none either."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    if len(data) != _SIZE or not data.startswith(_MAGIC):
+    data = _ledger_bytes(path)
+    if data is None or not data.startswith(_MAGIC):
         return None
     numbers = memoryview(data)[len(_MAGIC):len(_MAGIC) + 8 * _NUMBERS].cast("d")
+    if not all(math.isfinite(number) for number in numbers):
+        return None
     try:
         identity = json.loads(data[_IDENTITY_AT:].decode().strip() or "null")
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -175,6 +179,25 @@ def read_ledger(path: str | os.PathLike) -> Segment | None:
     return Segment(path.parent, identity, numbers[_STARTED], numbers[_LAST], int(numbers[_FIRST_STEP]),
                    int(numbers[_LAST_STEP]), {state: numbers[_TOTALS + i] for i, state in enumerate(STATES)},
                    checkpoints)
+
+
+def _ledger_bytes(path: Path) -> bytes | None:
+    """The file's bytes where it is a regular file of a ledger's size, opened without following a
+    link and without blocking (a FIFO would stall the resume); else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_size != _SIZE:
+            return None
+        data = os.read(fd, _SIZE + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == _SIZE else None
 
 
 def scheduler_key(env: Mapping[str, str] = os.environ) -> tuple[str | None, int]:

@@ -164,3 +164,63 @@ def test_a_ledger_that_is_not_ours_or_cut_short_is_not_a_segment(tmp_path):
     ledger.close()
     assert read_ledger(tmp_path / LEDGER_FILE) is None
     assert previous_segment(tmp_path, tmp_path / "other", None, restarts=0, first_step=3) is None
+
+
+def test_no_ledger_under_the_root_can_stall_or_break_a_resume(tmp_path):
+    """Beside the segment a resume continues: a ledger of NaN numbers, one cut short, a FIFO, a link to
+    /dev/zero, a directory, a huge file and a link to a real ledger elsewhere. None is a segment, the
+    real one is found, and the search returns at once (a FIFO would block a plain read forever)."""
+    import os
+    import struct
+    import threading
+
+    from nemo_throughput.goodput import Ledger
+
+    def ledger_in(directory, run_id):
+        directory.mkdir(parents=True)
+        ledger = Ledger(directory)
+        ledger.start_training(0, {"run_id": run_id, "scheduler_key": None, "root": str(tmp_path)})
+        for step in range(1, 9):
+            ledger.step_done(step)
+        ledger.close()
+        return directory / LEDGER_FILE
+
+    ledger_in(tmp_path / "first", "first")
+    nan = bytearray(ledger_in(tmp_path / "nan", "nan").read_bytes())
+    nan[8:16] = struct.pack("d", float("nan"))  # the start time
+    (tmp_path / "nan" / LEDGER_FILE).write_bytes(bytes(nan))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / LEDGER_FILE).write_bytes(nan[:2000])
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / LEDGER_FILE)
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "zero" / LEDGER_FILE).symlink_to("/dev/zero")
+    (tmp_path / "directory" / LEDGER_FILE).mkdir(parents=True)
+    (tmp_path / "huge").mkdir()
+    with open(tmp_path / "huge" / LEDGER_FILE, "wb") as huge:
+        huge.truncate(1 << 33)  # 8 GiB, sparse
+    elsewhere = ledger_in(tmp_path.parent / f"{tmp_path.name}-elsewhere" / "run", "elsewhere")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / LEDGER_FILE).symlink_to(elsewhere)
+
+    found = []
+    search = threading.Thread(target=lambda: found.append(
+        previous_segment(tmp_path, tmp_path / "own", None, restarts=0, first_step=5)), daemon=True)
+    search.start()
+    search.join(timeout=30)
+    assert not search.is_alive(), "the search for the segment to continue hangs"
+    assert found[0] is not None and found[0].run_id == "first"
+    for name in ("nan", "cut", "fifo", "zero", "directory", "huge", "link"):
+        assert read_ledger(tmp_path / name / LEDGER_FILE) is None, name
+
+
+def test_a_ledger_path_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path):
+    from nemo_throughput.goodput import Ledger
+
+    target = tmp_path / "someone-elses.json"
+    target.write_text('{"keep": true}')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LEDGER_FILE).symlink_to(target)
+    with pytest.raises(OSError):
+        Ledger(tmp_path / "run")
+    assert target.read_text() == '{"keep": true}'
