@@ -231,10 +231,17 @@ def previous_segment(search_root: str | os.PathLike, own_dir: str | os.PathLike,
 
 
 def run_segments(root: str | os.PathLike, run_id: str) -> list[Segment]:
-    """A run's segments, oldest first: the ledgers of ``run_id`` in the output directory its segments
-    asked for (``root``) and the directories directly under it, where output directories are claimed."""
+    """A run's segments, in their own order (each ledger says which segment of its run it is, so a host
+    whose clock runs behind cannot reorder them), the clock after that: the ledgers of ``run_id`` in
+    the output directory its segments asked for (``root``) and the directories directly under it, where
+    output directories are claimed."""
     return sorted((s for s in map(read_ledger, _ledgers_in(root)) if s is not None and s.run_id == run_id),
-                  key=lambda s: s.started_epoch_s)
+                  key=_segment_order)
+
+
+def _segment_order(segment: Segment) -> tuple[int, float]:
+    number = segment.identity.get("segment")
+    return (number if isinstance(number, int) and not isinstance(number, bool) else 0, segment.started_epoch_s)
 
 
 def _ledgers_in(root: str | os.PathLike) -> list[Path]:
@@ -250,7 +257,7 @@ def stitch(segments: list[Segment]) -> dict[str, Any]:
     if not segments:
         raise ValueError("no segments to stitch")
     totals = dict.fromkeys(CATEGORIES, 0.0)
-    rows, lost_steps = [], 0
+    rows, lost_steps, clock_notes = [], 0, []
     for index, segment in enumerate(segments):
         resumed = min((s.first_step for s in segments[index + 1:]), default=None)
         lost, lost_s, estimated = _lost(segment, resumed)
@@ -262,14 +269,20 @@ def stitch(segments: list[Segment]) -> dict[str, Any]:
             totals[state] += seconds[state]
         totals["lost"] += lost_s["step"] + lost_s["data"]
         if index:
-            totals["restart"] += max(segment.started_epoch_s - segments[index - 1].last_epoch_s, 0.0)
+            gap = segment.started_epoch_s - segments[index - 1].last_epoch_s
+            if gap < 0:  # its host's clock is behind the last one's: the gap is unknown, not negative
+                clock_notes.append(f"segment {index + 1} started {-gap:.1f} s before segment {index}'s last event by "
+                                   "their hosts' clocks: the clocks disagree, and the restart between them is not "
+                                   "counted")
+            totals["restart"] += max(gap, 0.0)
         rows.append({"dir": str(segment.directory), "run_id": segment.identity.get("segment_run_id"),
                      "segment": index + 1, "restart_count": segment.identity.get("restart_count"),
                      "started_at": _iso(segment.started_epoch_s), "last_event_at": _iso(segment.last_epoch_s),
                      "first_step": segment.first_step, "last_step": segment.last_step, "lost_steps": lost,
                      "lost_s": lost_s["step"] + lost_s["data"], "lost_estimated": estimated,
                      "seconds": dict(segment.seconds)})
-    wall_s = segments[-1].last_epoch_s - segments[0].started_epoch_s
+    # Each segment's span is its own host's (one clock); between segments, the restarts counted above.
+    wall_s = sum(s.last_epoch_s - s.started_epoch_s for s in segments) + totals["restart"]
     return {
         "schema": RUN_SCHEMA,
         "run_id": segments[0].run_id,
@@ -280,6 +293,7 @@ def stitch(segments: list[Segment]) -> dict[str, Any]:
         "steps": {"trained": sum(s.last_step - s.first_step for s in segments), "lost": lost_steps,
                   "last": segments[-1].last_step},
         "segments": rows,
+        "clock_notes": clock_notes,
     }
 
 

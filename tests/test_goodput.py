@@ -4,6 +4,7 @@ lost steps known exactly; and the ledger arithmetic on its own."""
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from nemo_throughput.goodput import (
     Segment,
     previous_segment,
     read_ledger,
+    run_segments,
     scheduler_key,
     stitch,
 )
@@ -224,3 +226,33 @@ def test_a_ledger_path_that_is_a_link_is_refused_and_its_target_left_alone(tmp_p
     with pytest.raises(OSError):
         Ledger(tmp_path / "run")
     assert target.read_text() == '{"keep": true}'
+
+
+def test_a_host_clock_behind_neither_reorders_the_segments_nor_shrinks_the_wall_time(tmp_path):
+    """The second segment's host runs an hour behind: its ledger still says it is segment 2, the
+    wall time is each segment's span by its own clock (the restart between them unknown, and said
+    so), and goodput stays what the segments' own seconds give."""
+    from nemo_throughput.goodput import STEP, Ledger
+
+    def ledger(directory, segment_number, started, first, last):
+        directory.mkdir()
+        writer = Ledger(directory, started_epoch_s=started)
+        writer.start_training(first, {"run_id": "r", "segment": segment_number, "scheduler_key": None,
+                                      "root": str(tmp_path)})
+        for step in range(first + 1, last + 1):
+            writer.switch(STEP)
+            time.sleep(0.002)
+            writer.step_done(step)
+        writer.close()
+
+    now = time.time()
+    ledger(tmp_path / "a", 1, now - 60, 0, 10)  # its own clock
+    ledger(tmp_path / "b", 2, now - 3600 - 5, 10, 20)  # an hour behind
+    segments = run_segments(tmp_path, "r")
+    assert [s.identity["segment"] for s in segments] == [1, 2]
+    goodput = stitch(segments)
+    spans = sum(s.last_epoch_s - s.started_epoch_s for s in segments)
+    assert goodput["wall_s"] == pytest.approx(spans) and goodput["seconds"]["restart"] == 0
+    assert goodput["clock_notes"][0].startswith("segment 2 started ") and "clocks disagree" in goodput["clock_notes"][0]
+    assert goodput["wall_s"] == pytest.approx(sum(goodput["seconds"].values()))
+    assert 0 < goodput["goodput_pct"] <= 100
