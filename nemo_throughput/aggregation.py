@@ -17,7 +17,6 @@ after a timeout: the summary then says which steps it lacks.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -33,13 +32,14 @@ import torch.distributed as dist
 from nemo_throughput import distributed
 from nemo_throughput.run_stats import COLUMNS, rank_rows
 from nemo_throughput.timing import StepTimes
+from nemo_throughput.text import package_logger
 
 __all__ = ["Exchange", "FinalSteps", "Gathered", "step_times", "steps_tensor"]
 
 ENV_FINAL_EXCHANGE_TIMEOUT_S = "NEMO_THROUGHPUT_FINAL_EXCHANGE_TIMEOUT_S"
 DEFAULT_FINAL_EXCHANGE_TIMEOUT_S = 10.0  # well inside Slurm's KillWait and Kubernetes' grace period (30 s)
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 
 def final_exchange_timeout_s() -> float:

@@ -8,13 +8,14 @@ is a run's: the layout its batches show, and their counts step by step."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+from nemo_throughput.text import package_logger
+
+log = package_logger(__name__)
 
 FIXED, PACKED, PADDED = "fixed", "packed", "padded"
 # NeMo 2's packed-sequence batches carry cu_seqlens (-1 padded); Megatron-Bridge's and Transformer

@@ -17,7 +17,6 @@ restart's.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import mmap
 import os
@@ -29,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.summary import write_json_atomic
+from nemo_throughput.text import package_logger
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 LEDGER_FILE = "goodput.ledger"
 RUN_FILE = "goodput.json"

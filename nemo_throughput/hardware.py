@@ -9,15 +9,16 @@ against a guessed peak.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nemo_throughput.text import package_logger
+
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 DTYPES = ("fp4", "fp8", "bf16", "fp16", "tf32", "fp32")
 LOW_PRECISION = ("fp4", "fp8")  # GEMM formats whose runs keep some matmuls in bf16

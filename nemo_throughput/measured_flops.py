@@ -14,20 +14,20 @@ which is a warm-up step and left out of the statistics anyway.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch.utils.flop_counter import FlopCounterMode
 
 from nemo_throughput.flops import MEASURED
+from nemo_throughput.text import package_logger
 
 if TYPE_CHECKING:
     from nemo_throughput.run_facts import Learned, RunFacts
 
 __all__ = ["MEASURED", "FirstStepFlops", "MeasuredFlops", "StepFlopCounter", "flops_per_sample"]
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ A port already taken is a warning: training goes on without the endpoint.
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -28,8 +27,9 @@ from nemo_throughput.explain.telemetry import throttled
 from nemo_throughput.explain.telemetry_stats import GIB
 from nemo_throughput.progress import LOGGED_METRICS, summary_metrics
 from nemo_throughput.summary import STATUSES
+from nemo_throughput.text import package_logger
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 PREFIX = "nemo_throughput_"
 RUN_LABELS = ("run", "run_id", "label", "model", "job_id")  # on every series

@@ -9,14 +9,15 @@ it hands the signal on to the handler it found (Lightning's), whatever that one 
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-log = logging.getLogger(__name__)
+from nemo_throughput.text import package_logger
+
+log = package_logger(__name__)
 
 
 class SigtermWatch:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 import secrets
 import socket
@@ -18,14 +17,14 @@ from nemo_throughput.errors import NemoThroughputError
 from nemo_throughput.flops import CAUSAL_ATTENTION, MEASURED
 from nemo_throughput.run_facts import RunFacts, now_iso
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID
-from nemo_throughput.text import printable
+from nemo_throughput.text import package_logger, printable
 from nemo_throughput.throughput import RATES, CountedStep, Workload
 from nemo_throughput.timing import PHASE_TIMES
 
 if TYPE_CHECKING:
     from nemo_throughput.run_stats import RunStats
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 SCHEMA = SUMMARY_SCHEMA_ID
 STATUSES = ("running", "completed", "failed", "interrupted")

@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_throughput.text import printable
+from nemo_throughput.text import package_logger, printable
 from nemo_throughput.values import is_number
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 MODES = ("min", "max")
 REACHED, NOT_REACHED = "target_reached", "target_not_reached"

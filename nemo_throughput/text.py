@@ -1,8 +1,10 @@
 """Text from summaries made safe to show: nothing that drives a terminal, opens a spreadsheet
-formula or breaks a markdown table. `printable` is the one sanitiser; the others build on it."""
+formula or breaks a markdown table. `printable` is the one sanitiser; the others build on it, and
+:func:`package_logger` applies it to every log line of the package."""
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 
@@ -44,3 +46,25 @@ def csv_cell(value: object) -> object:
 def markdown_cell(value: object) -> str:
     """A markdown table cell: printable, with `|` escaped so that it cannot add a column."""
     return printable(value).replace("|", "\\|")
+
+
+class _PrintableRecords(logging.Filter):
+    """A record's message made printable before any handler sees it: a label, a path, a run id or an
+    error read from an input loses its terminal escapes, whatever handler the application set up."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.isprintable():
+            record.msg, record.args = printable(message), ()
+        return True
+
+
+_PRINTABLE_RECORDS = _PrintableRecords()
+
+
+def package_logger(name: str) -> logging.Logger:
+    """The module's logger (``logging.getLogger(name)``), whose every line is printable."""
+    logger = logging.getLogger(name)
+    if _PRINTABLE_RECORDS not in logger.filters:
+        logger.addFilter(_PRINTABLE_RECORDS)
+    return logger

@@ -31,3 +31,35 @@ def test_the_root_logger_of_the_app_is_left_alone():
     stderr = stderr_of("import logging, nemo_throughput",
                        "import sys; print(logging.getLogger().handlers, logging.getLogger().level, file=sys.stderr)")
     assert stderr == "[] 30\n"
+
+
+def test_every_log_line_of_the_package_is_printable_whatever_the_app_s_handler():
+    """A run id, label, path or error read from an input can hold terminal escapes: no module's log line
+    passes them to the application's handlers raw (one filter on every module's logger)."""
+    import ast
+    import logging
+    from pathlib import Path
+
+    import nemo_throughput
+    from nemo_throughput.goodput import log as goodput_log
+
+    package = Path(nemo_throughput.__file__).parent
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "logging.getLogger" and node.args and \
+                    ast.unparse(node.args[0]) == "__name__" and path != package / "__init__.py":
+                raise AssertionError(f"{path}: logging.getLogger(__name__): use text.package_logger(__name__)")
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    root = logging.getLogger()
+    handler = Keep()
+    root.addHandler(handler)
+    try:
+        goodput_log.warning("nemo-throughput: this run continues run %s", "\x1b]0;owned\x07r1\x1b[31m\n")
+    finally:
+        root.removeHandler(handler)
+    assert seen == ["nemo-throughput: this run continues run r1 "]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -29,10 +28,11 @@ from nemo_throughput.run.measurement import Measurement, MeasurementView
 from nemo_throughput.run.reporting import LogMetrics, log_metrics_to
 from nemo_throughput.run_facts import RunFacts, resolve_run_facts
 from nemo_throughput.summary import OutputDirError
+from nemo_throughput.text import package_logger
 
 __all__ = ["ThroughputCallback", "describe_run"]
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 
 def _callback_bases() -> tuple[type, ...]:

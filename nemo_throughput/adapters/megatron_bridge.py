@@ -29,7 +29,6 @@ named after its events, so importing this module needs neither Bridge nor its he
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -52,10 +51,11 @@ from nemo_throughput.megatron_config import (
     shape_fields,
 )
 from nemo_throughput.run_facts import RunFacts, resolve_run_facts
+from nemo_throughput.text import package_logger
 
 __all__ = ["BridgeThroughputCallback", "describe_bridge_run"]
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 CONFIG_SOURCE = "megatron-bridge ConfigContainer"
 CallbackContext = Any  # megatron.bridge.training.callbacks.CallbackContext (state, loss_dict, ...)

@@ -21,7 +21,6 @@ memory connections), None when unknown.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import socket
@@ -30,7 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from nemo_throughput.text import package_logger
+
+log = package_logger(__name__)
 
 TRANSPORT_ENV_PREFIXES = ("NCCL_", "GLOO_", "UCX_")  # TORCH_NCCL_* tune torch's watchdog, not the transport
 MAX_DEBUG_FILE_BYTES = 32 * 1024 * 1024  # NCCL's init lines come first; NCCL_DEBUG_SUBSYS=ALL files can be huge

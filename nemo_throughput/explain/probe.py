@@ -16,7 +16,6 @@ torchrun or srun.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import statistics
@@ -28,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 from nemo_throughput import distributed
 from nemo_throughput.environment import gpu_index, node_name
 from nemo_throughput.values import is_int
+from nemo_throughput.text import package_logger
 
 if TYPE_CHECKING:
     import torch
 
 # torch is imported in the functions that use it: `nemo-throughput probe --help` does not load it.
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv")
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30

@@ -48,7 +48,6 @@ all-reduces without any recorded op: the wait is a gap on the training thread. H
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import tempfile
@@ -61,8 +60,9 @@ from typing import Any, NamedTuple
 import torch
 
 from nemo_throughput.values import is_number
+from nemo_throughput.text import package_logger
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 # Per rank, travelling in the log step's vector; "unread" is a code of UNREAD (NaN: read, or nsys mode).
 FIELDS = ("window_s", "steps", "compute_s", "communication_s", "exposed_communication_s", "idle_s", "unread")

@@ -11,7 +11,6 @@ rank) included:
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Callable
@@ -25,8 +24,9 @@ from nemo_throughput.explain.probe import run_probe
 from nemo_throughput.explain.profiler import ProfileWindow, communication_section
 from nemo_throughput.explain.telemetry import DeviceTelemetry
 from nemo_throughput.explain.telemetry_stats import TelemetryStats
+from nemo_throughput.text import package_logger
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 TRACES_DIR = "traces"
 

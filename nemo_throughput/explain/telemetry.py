@@ -23,7 +23,6 @@ and :meth:`DeviceTelemetry.sources` says why. Nothing raises into training.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import threading
@@ -35,7 +34,9 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+from nemo_throughput.text import package_logger
+
+log = package_logger(__name__)
 
 FIELDS: tuple[str, ...] = (
     "mem_peak_allocated_bytes",  # allocator peak since the process started (torch.cuda.memory_stats)

@@ -19,7 +19,6 @@ final exchange.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,8 +40,9 @@ from nemo_throughput.run_facts import Learned, RunFacts
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.target import RunClock
 from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, clock_for
+from nemo_throughput.text import package_logger
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 
 class Measurement:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping
@@ -22,9 +21,9 @@ from nemo_throughput.prometheus import PrometheusEndpoint, job_id
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.signals import SigtermWatch
 from nemo_throughput.summary import SummaryFile, outliers_text, write_json_atomic
-from nemo_throughput.text import printable
+from nemo_throughput.text import package_logger, printable
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 
 class Publisher:

@@ -9,7 +9,6 @@ drains the thread and reports the final exchange's intervals on the training thr
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections import deque
@@ -29,11 +28,11 @@ from nemo_throughput.run_facts import RunFacts, mfu_above_peak_warning
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.summary import STEPS_FILE, append_jsonl, build_summary
 from nemo_throughput.target import RunClock
-from nemo_throughput.text import printable
+from nemo_throughput.text import package_logger, printable
 from nemo_throughput.throughput import CountedStep, Workload
 from nemo_throughput.timing import BATCH_COUNTS
 
-log = logging.getLogger(__name__)
+log = package_logger(__name__)
 
 # One logger's call with an interval's metrics: (metrics, last step of the interval).
 LogMetrics = Callable[[dict[str, float], int], None]
