@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from nemo_throughput.redact import redact_command, redact_env, redact_url_credentials
+from nemo_throughput.values import whole_number
 
 ORCHESTRATORS = ("slurm", "kubernetes", "torchrun", "local")
 
@@ -66,7 +67,7 @@ def rank_record(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     return {
         "node": node_name(env),
         "pod": env.get("POD_NAME"),
-        "local_rank": int(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0),
+        "local_rank": whole_number(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or "0"),  # None: not a number
         "gpu_index": gpu_index(env),
         "communication_env": redact_env({k: v for k, v in sorted(env.items())
                                          if k.startswith(_COMMUNICATION_PREFIXES)}),
@@ -84,7 +85,7 @@ def gpu_index(env: Mapping[str, str] = os.environ) -> int | None:
     if "CUDA_VISIBLE_DEVICES" not in env:
         return logical
     visible = [part.strip() for part in env["CUDA_VISIBLE_DEVICES"].split(",")]
-    return int(visible[logical]) if logical < len(visible) and visible[logical].isdigit() else None
+    return whole_number(visible[logical]) if logical < len(visible) else None
 
 
 def places(rank_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -95,9 +96,9 @@ def places(rank_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def gpus_per_node(env: Mapping[str, str] = os.environ) -> int | None:
     for key in ("LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE", "SLURM_NTASKS_PER_NODE"):
-        value = env.get(key, "")
-        if value.split("(")[0].isdigit():  # Slurm writes e.g. "8(x2)"
-            return int(value.split("(")[0])
+        count = whole_number(env.get(key, "").split("(")[0])  # Slurm writes e.g. "8(x2)"
+        if count:
+            return count
     import torch
 
     return torch.cuda.device_count() or None
@@ -183,10 +184,10 @@ def _check_rank_variables(env: Mapping[str, str]) -> None:
     that never come: not numbers, a rank outside the world, no launcher around them, or srun's
     own ranks saying otherwise (without torchrun, which sets its own)."""
     rank_text, world_text = env["RANK"], env["WORLD_SIZE"]
-    if not (rank_text.isdigit() and world_text.isdigit()) or int(world_text) < 1:
+    rank, world_size = whole_number(rank_text), whole_number(world_text)
+    if rank is None or world_size is None or world_size < 1:
         raise ValueError(f"RANK={rank_text!r} and WORLD_SIZE={world_text!r} must be whole numbers, WORLD_SIZE >= 1: "
                          f"{_UNSET_HINT}")
-    rank, world_size = int(rank_text), int(world_text)
     if rank >= world_size:
         raise ValueError(f"RANK={rank} is not below WORLD_SIZE={world_size}: {_UNSET_HINT}")
     if world_size > 1 and not any(marker in env for marker in _LAUNCHER_MARKERS):
@@ -217,7 +218,7 @@ def _slurm_master_addr(env: Mapping[str, str]) -> str:
 def _slurm_master_port(env: Mapping[str, str]) -> str:
     """The same port on every rank of the step, different for each job and step (a probe, then training)."""
     job, step = env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0")
-    job_id, step_id = (int(value) if value.isdigit() else 0 for value in (job, step))
+    job_id, step_id = (whole_number(value) or 0 for value in (job, step))
     return str(20000 + (job_id * 16 + step_id) % 40000)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from nemo_throughput.summary import write_json_atomic
 from nemo_throughput.text import package_logger
+from nemo_throughput.values import whole_number
 
 log = package_logger(__name__)
 
@@ -207,7 +208,7 @@ def scheduler_key(env: Mapping[str, str] = os.environ) -> tuple[str | None, int]
         array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
         job = f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
         restarts = env.get("SLURM_RESTART_COUNT", "0")
-        return f"slurm:{env.get('SLURM_CLUSTER_NAME', '')}:{job}", int(restarts) if restarts.isdigit() else 0
+        return f"slurm:{env.get('SLURM_CLUSTER_NAME', '')}:{job}", whole_number(restarts) or 0
     if env.get("KUBERNETES_SERVICE_HOST") and env.get("JOB_NAME"):
         return f"kubernetes:{env.get('POD_NAMESPACE', '')}/{env['JOB_NAME']}", 0
     return None, 0

@@ -28,6 +28,7 @@ from nemo_throughput.explain.telemetry_stats import GIB
 from nemo_throughput.progress import LOGGED_METRICS, summary_metrics
 from nemo_throughput.summary import STATUSES
 from nemo_throughput.text import package_logger
+from nemo_throughput.values import whole_number
 
 log = package_logger(__name__)
 
@@ -51,10 +52,11 @@ def prometheus_setting(setting: Mapping[str, Any] | None, env: Mapping[str, str]
     """The setting, else the port in ``$NEMO_THROUGHPUT_PROMETHEUS_PORT`` (None: no endpoint)."""
     if setting is not None or not env.get(ENV_PROMETHEUS_PORT):
         return checked_prometheus(setting)
-    port = env[ENV_PROMETHEUS_PORT].strip()
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{ENV_PROMETHEUS_PORT} must be a TCP port (0-65535; 0: any free one), got {port!r}")
-    return checked_prometheus({"port": int(port)})
+    text = env[ENV_PROMETHEUS_PORT].strip()
+    port = whole_number(text)
+    if port is None or port > 65535:
+        raise ValueError(f"{ENV_PROMETHEUS_PORT} must be a TCP port (0-65535; 0: any free one), got {text!r}")
+    return checked_prometheus({"port": port})
 
 
 def job_id(env: Mapping[str, str]) -> str:

@@ -133,6 +133,7 @@ def test_a_segment_resumed_from_an_older_checkpoint_loses_every_step_after_it():
     ({"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3"}, ("slurm::40_3", 0)),
     ({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "JOB_NAME": "gpt", "POD_NAMESPACE": "ml"}, ("kubernetes:ml/gpt", 0)),
     ({}, (None, 0)),
+    ({"SLURM_JOB_ID": "44", "SLURM_RESTART_COUNT": "²"}, ("slurm::44", 0)),  # not a count: no restart taken
 ])
 def test_the_scheduler_names_the_job_across_its_restarts(env, expected):
     assert scheduler_key(env) == expected

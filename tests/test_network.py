@@ -230,3 +230,15 @@ def test_import_adds_the_network_section_from_the_logs_nccl_lines(tmp_path, caps
     assert (network["transport"], network["label"], network["nccl_version"]) == ("RoCE", "RDMA", "2.19.3")
     assert network["transport_source"] == f"nccl_debug:{log}"
     assert json.loads((out / "quiet" / "summary.json").read_text())["network"] is None
+
+
+@pytest.mark.parametrize("env", [{"LOCAL_RANK": "²"}, {"LOCAL_RANK": "first"}, {"SLURM_LOCALID": "-1"}])
+def test_a_local_rank_that_is_not_a_whole_number_is_recorded_as_unknown_not_a_crash(env):
+    assert environment.rank_record(env)["local_rank"] is None
+
+
+@pytest.mark.parametrize("rank, world", [("²", "2"), ("0", "²"), ("0", "1e3")])
+def test_rank_variables_that_are_not_whole_numbers_are_refused_naming_them(rank, world):
+    env = {"RANK": rank, "WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    with pytest.raises(ValueError, match=rf"RANK={rank!r} and WORLD_SIZE={world!r} must be whole numbers"):
+        environment.launcher_env(env)

@@ -182,7 +182,7 @@ def test_the_endpoint_is_opt_in_by_setting_or_variable_and_a_taken_port_is_a_war
     for bad in ({"port": 70000}, {"addr": "x"}, {"port": "9464"}, {"port": 1, "linger_s": -1}, 9464):
         with pytest.raises(ValueError, match="prometheus"):
             ThroughputConfig(prometheus=bad)
-    for bad in ("http", "99999", "-1"):
+    for bad in ("http", "99999", "-1", "²", "1e3", "٣"):  # "²".isdigit() is True, and int("²") raises
         with pytest.raises(ValueError, match="NEMO_THROUGHPUT_PROMETHEUS_PORT must be a TCP port"):
             prometheus_setting(None, {"NEMO_THROUGHPUT_PROMETHEUS_PORT": bad})
     with socket.socket() as taken:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import distributed
 from nemo_throughput.environment import gpu_index, node_name
-from nemo_throughput.values import is_int
+from nemo_throughput.values import is_int, whole_number
 from nemo_throughput.text import package_logger
 
 if TYPE_CHECKING:
@@ -456,9 +456,10 @@ def matmul_tflops(device: torch.device, budget_s: float, rounds: int = MATMUL_RO
 
 def _test_slowdown() -> int:
     text = os.environ.get(ENV_TEST_SLOWDOWN, "1")
-    if not text.isdigit() or int(text) < 1:
+    slowdown = whole_number(text)
+    if slowdown is None or slowdown < 1:
         raise ValueError(f"{ENV_TEST_SLOWDOWN}={text!r} must be a whole number >= 1 (it is for tests; unset it)")
-    return int(text)
+    return slowdown
 
 
 def _matmul_section(fabric: _Fabric, budget_s: float) -> dict[str, Any]:

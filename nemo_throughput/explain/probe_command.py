@@ -18,6 +18,7 @@ from nemo_throughput.environment import launcher_env
 from nemo_throughput.explain.probe import DEFAULT_ITERATIONS, DEFAULT_WARMUP, GIB, KIB, MIB, OPS, run_probe
 from nemo_throughput.outputs import check_output_file
 from nemo_throughput.text import printable
+from nemo_throughput.values import whole_number
 
 if TYPE_CHECKING:
     import torch
@@ -92,9 +93,10 @@ def _sizes_argument(text: str) -> list[int]:
 
 def _count_argument(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < minimum:
+        number = whole_number(text)
+        if number is None or number < minimum:
             raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
-        return int(text)
+        return number
     return parse
 
 

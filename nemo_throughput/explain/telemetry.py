@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from nemo_throughput.text import package_logger
+from nemo_throughput.values import whole_number
 
 log = package_logger(__name__)
 
@@ -190,9 +191,9 @@ def _handle_finders(pynvml: ModuleType, device_index: int,
                         lambda: pynvml.nvmlDeviceGetHandleByIndex(device_index)))
     elif device_index < len(visible):
         entry = visible[device_index]
-        if entry.isdigit():
+        if (index := whole_number(entry)) is not None:
             finders.append((f"index {entry} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}{order})",
-                            lambda: pynvml.nvmlDeviceGetHandleByIndex(int(entry))))
+                            lambda: pynvml.nvmlDeviceGetHandleByIndex(index)))
         else:
             finders.append((f"uuid prefix {entry} (CUDA_VISIBLE_DEVICES)",
                             lambda: _handle_by_uuid_prefix(pynvml, entry)))

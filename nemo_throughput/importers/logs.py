@@ -29,10 +29,11 @@ from nemo_throughput.hardware import resolve_peak
 from nemo_throughput.importers import megatron, nemo, tensorboard
 from nemo_throughput.importers.lines import check_text, read_lines, read_once
 from nemo_throughput.importers.steps import Step, StepLog
-from nemo_throughput.run_stats import RunStats, rank_rows
 from nemo_throughput.run_facts import USER_FLOPS, RunFacts, mfu_above_peak_warning
+from nemo_throughput.run_stats import RunStats, rank_rows
 from nemo_throughput.summary import LogTiming, build_summary
 from nemo_throughput.timing import StepTimes
+from nemo_throughput.values import whole_number
 from nemo_throughput.window import Window
 
 TEXT_FORMATS: dict[str, ModuleType] = {nemo.NAME: nemo, megatron.NAME: megatron}
@@ -274,7 +275,7 @@ def _ranks_with_steps(path: Path, formats: Iterable[str]) -> tuple[set[tuple[str
 def _rank_order(label: str | None) -> tuple[int, list[int], str]:
     if label is None:
         return 0, [], ""
-    numbers = [int(part) for part in label.replace("pid ", "").split("/") if part.isdigit()]
+    numbers = [number for part in label.replace("pid ", "").split("/") if (number := whole_number(part)) is not None]
     return 1, numbers, label
 
 
