@@ -225,6 +225,16 @@ def test_output_must_not_overwrite_an_input_summary(tmp_path, capsys):
     assert code == 2 and f"--output {path} is one of the files this command reads" in err and path.read_text() == before
 
 
+@pytest.mark.parametrize("window", [(), ("--window", "1:")])
+def test_output_must_not_overwrite_the_steps_jsonl_beside_an_input_summary(tmp_path, capsys, window):
+    path = good_run(tmp_path, "a")
+    steps = path.parent / "steps.jsonl"
+    steps.write_text('{"step": 1, "step_time_s": 1.0}\n')
+    code, _, err = report(path, *window, "--output", steps, capsys=capsys)
+    assert code == 2 and f"--output {steps} is one of the files this command reads" in err
+    assert steps.read_text() == '{"step": 1, "step_time_s": 1.0}\n'
+
+
 def test_output_must_not_overwrite_another_runs_summary_either(tmp_path, capsys):
     kept = good_run(tmp_path / "kept", "b")
     before = kept.read_text()

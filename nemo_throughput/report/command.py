@@ -28,6 +28,7 @@ from nemo_throughput.report.runs import (
     read_goodput,
 )
 from nemo_throughput.report.time_to_train import build_time_to_train
+from nemo_throughput.summary import STEPS_FILE
 from nemo_throughput.text import printable
 
 REPORTED, SOME_EXCLUDED, NOTHING_REPORTED = 0, 1, 2
@@ -173,8 +174,10 @@ def _check_destinations(output: Path | None, plot: Path | None, inputs: list[Pat
     if plot is not None:
         destinations.append(("--plot's step-time breakdown", breakdown_path(plot)))
     given = [(option, path) for option, path in destinations if path is not None]
+    # A summary's steps.jsonl is read too (--window): never a destination either.
+    reads = [*inputs, *(path.parent / STEPS_FILE for path in inputs)]
     for option, path in given:
-        check_output_file(path, option, reads=inputs)
+        check_output_file(path, option, reads=reads)
     for i, (option, path) in enumerate(given):
         for other_option, other in given[i + 1:]:
             if path.resolve() == other.resolve():
