@@ -4,6 +4,7 @@ its ORIGIN.md), then logs written here the way NeMo, tqdm, Megatron and the laun
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -668,6 +669,35 @@ def test_real_primus_log_with_colours_and_both_line_variants(tmp_path, capsys):
     summary = summary_of(tmp_path, "primus_rocm_cvs_ansi")
     assert summary["timing"]["steps"] == [[2, pytest.approx(8.1467)], [4, pytest.approx(0.6545)]]
     assert "(1 line(s) checked)" in err
+
+
+def test_a_primus_line_without_a_value_of_its_own_is_noted_not_dropped_silently(tmp_path, capsys):
+    """A line printing only Primus' running average (`: /2712.7`): the average is never read as the
+    interval's time, and the line is said to be left out."""
+    line = (DATA / "primus_safe_rank31of32.log").read_text().splitlines()[0]
+    blank = line.replace("12125/", "12120/").replace("2701.3/2712.7", "/2712.7")
+    log = tmp_path / "primus.log"
+    log.write_text(f"{blank}\n{line}\n")
+    code, _, err = run_import(capsys, log, "--seq-length", "4096", "--num-gpus", "32", "--warmup", "0",
+                              out=tmp_path / "out")
+    assert code == 0, err
+    assert summary_of(tmp_path / "out", "primus")["timing"]["steps"] == [[12125, pytest.approx(2.7013)]]
+    assert (f"nemo-throughput import: {log}: warning: 1 step line(s) print no `elapsed time per iteration (ms)` of "
+            "their own, only Primus' running average after a `/` (line 1): left out, the average is never read"
+            ) in err.splitlines()
+
+
+def test_a_window_holding_one_printed_value_says_how_many_steps_it_measured(tmp_path, capsys):
+    log = DATA / "megatron_lm_mixtral_issue756.log"  # its real lines, renumbered as a --log-interval 10 run's
+    source = tmp_path / "interval10.log"
+    lines = [line for line in log.read_text().splitlines() if "elapsed time per iteration" in line][:3]
+    source.write_text("\n".join(re.sub(r"iteration\s+\d+/", f"iteration {10 * (i + 1):>8}/", line)
+                                for i, line in enumerate(lines)) + "\n")  # iterations 10, 20, 30
+    code, _, err = run_import(capsys, source, "--warmup", "0", "--window", "15:25", out=tmp_path / "out")
+    assert code == 0, err
+    assert (f"nemo-throughput import: {source}: --window 15:25 holds one printed value, the mean of the 10 "
+            "iterations up to it (the log interval): it measures iterations 11-20, 10 steps, as one sample"
+            ) in err.splitlines()
 
 
 # ------------------------------------------------------------------ cut and odd inputs

@@ -52,6 +52,7 @@ class ReadLog:
     ranks: list[str | None] = field(default_factory=list)  # every rank with step lines
     styles: set[str] = field(default_factory=set)
     cut_line: int | None = None  # the last line, a step line without its end: not read
+    no_value_lines: list[int] = field(default_factory=list)  # step lines without a value of their own (Primus)
 
     @property
     def rank_note(self) -> str | None:
@@ -116,7 +117,7 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
     if not reader.log.steps:
         raise ReportError(_no_steps_message(path, fmt))
     styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
-    return ReadLog(fmt, reader.log, chosen, labels, styles, cut_line)
+    return ReadLog(fmt, reader.log, chosen, labels, styles, cut_line, getattr(reader, "no_value_lines", []))
 
 
 def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | None, seq_length: int,
@@ -198,6 +199,11 @@ def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
     if read.cut_line is not None:
         notes.append(f"warning: line {read.cut_line}, the last, is a step line without its end (no line break): not "
                      "read, its last number may be cut short (was the log still being written?)")
+    if read.no_value_lines:
+        listed = ", ".join(map(str, read.no_value_lines[:MAX_LISTED])) + (" ..." if len(read.no_value_lines) > MAX_LISTED
+                                                                           else "")
+        notes.append(f"warning: {len(read.no_value_lines)} step line(s) print no `{megatron.TAG}` of their own, only "
+                     f"Primus' running average after a `/` (line {listed}): left out, the average is never read")
     if megatron.BRIDGE_STYLE in read.styles:
         notes.append("Megatron-Bridge log: step times from its iteration lines; its `Step Time : ... TFLOP/s/GPU` "
                      "lines (rank 0, the same time rounded to 10 ms, TFLOP/s by Bridge's own FLOPs) are not read")
@@ -228,6 +234,9 @@ def _window_notes(read: ReadLog, valid: list[Step], measured: list[Step], window
                 f"interval): {len(measured)} value(s), {covered}"]
     stop = window.stop if window.stop is not None else valid[-1].step + 1
     span = stop - (window.start or 0)
+    if span >= interval and len(measured) == 1:
+        return [f"--window {window.text} holds one printed value, the mean of the {interval} iterations up to it "
+                f"(the log interval): it measures {covered}, {interval} steps, as one sample"]
     if span >= interval:
         return []
     return [f"warning: --window {window.text} spans {span} step(s), fewer than the log interval of {interval}: each "

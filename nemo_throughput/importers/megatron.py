@@ -40,7 +40,7 @@ BATCH_ORIGIN = "`global batch size:`"
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|")
 # the value of this interval, then Primus' running average after a "/" (not read)
-_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([^\s|/]+)")
+_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([^\s|/]*)")  # empty: only Primus' average
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
 _TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean):"
                              r"\s*([\d.]+)(?=[/\s|])")  # a number without what follows it may be cut
@@ -72,12 +72,16 @@ class Reader:
         self.path = path
         self.log = StepLog(path)
         self.styles = {"Megatron-LM / Megatron-Bridge iteration lines"}
+        self.no_value_lines: list[int] = []  # Primus lines with only the running average (`: /13364.7`)
 
     def feed(self, line: Line) -> bool:
         iteration = _ITERATION.search(line.text)
         elapsed = _ELAPSED.search(line.text)
         if not iteration or not elapsed:
             return False
+        if not elapsed.group(1):
+            self.no_value_lines.append(line.number)
+            return True
         try:
             milliseconds = parse_number(elapsed.group(1))
         except ValueError:
