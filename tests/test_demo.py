@@ -151,3 +151,16 @@ def group_alive_after(pgid: int, seconds: float) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+def test_the_headline_prints_a_run_s_names_without_their_terminal_escapes(tmp_path):
+    """The run's name and label come from settings a user types (or a variable): the headline never
+    hands their escape sequences to the terminal."""
+    from test_report import write_run
+
+    from nemo_throughput.demo.command import headline
+    from nemo_throughput.summary import read_summary
+
+    path = write_run(tmp_path / "run" / "summary.json", label="\x1b]0;owned\x07bare\x1b[31m-metal", step_times=[1.0])
+    text = headline(read_summary(path))
+    assert "\x1b" not in text and "\x07" not in text and "[bare-metal]" in text.splitlines()[0]

@@ -154,7 +154,8 @@ def headline(summary: dict[str, Any]) -> str:
     """A few lines with the numbers people quote from a run."""
     timing, throughput, hardware = summary["timing"], summary["throughput"], summary["hardware"]
     step = timing["step_time_s"]
-    lines = [f"run {summary['run']['name']} [{summary['run']['label']}]: {summary['status']}, "
+    run, model = summary["run"], summary["model"]
+    lines = [f"run {printable(run['name'])} [{printable(run['label'])}]: {summary['status']}, "
              f"{timing['steps_measured']} steps measured after {timing['warmup_steps']} warm-up"]
     if step is None:
         lines.append("no step was measured (the run was shorter than its warm-up)")
@@ -164,11 +165,11 @@ def headline(summary: dict[str, Any]) -> str:
         f"step time      {step['mean']:.4f} s (median {step['median']:.4f}, p90 {step['p90']:.4f}, "
         f"std {step['std']:.4f})",
         f"tokens/s       {throughput['tokens_per_s']:,.0f} ({throughput['tokens_per_s_per_gpu']:,.0f} per GPU, "
-        f"{hardware['num_gpus']} x {hardware['gpu_name']})",
-        f"model TFLOPS   {throughput['model_tflops_per_gpu']:.3f} per GPU ({summary['model']['flops_formula']} "
-        f"formula, {summary['model']['name']})",
+        f"{hardware['num_gpus']} x {printable(hardware['gpu_name'])})",
+        f"model TFLOPS   {throughput['model_tflops_per_gpu']:.3f} per GPU ({printable(model['flops_formula'])} "
+        f"formula, {printable(model['name'])})",
         "MFU            " + (f"{100 * mfu:.2f} %" if mfu is not None
-                             else f"n/a (no peak FLOPs for {hardware['gpu_name']}; set peak_tflops)"),
+                             else f"n/a (no peak FLOPs for {printable(hardware['gpu_name'])}; set peak_tflops)"),
         f"slowest rank   {timing['slowest_rank']} (+{timing['straggler']['excess_pct']:.1f} % "
         f"{timing['straggler']['metric']} over the median rank)",
         f"1T tokens in   {throughput['days_to_train_1t_tokens']:,.1f} days",
