@@ -453,3 +453,50 @@ def test_the_speedup_baseline_is_the_fewest_gpus_then_the_fewest_nodes():
     _add_speedup([four_by_four, eight_by_eight, two_by_eight])  # in any order
     assert two_by_eight.speedup == 1.0 and four_by_four.speedup == pytest.approx(20 / 30)
     assert eight_by_eight.speedup == 4.0 and eight_by_eight.scaling_efficiency == 1.0
+
+
+IMPLAUSIBLE = ('"eight"', '"\\u00b2"', '"\\u0663"', str(10 ** 30), f'"{10 ** 30}"', "-1", '"-1"', "true", "8.5", '""')
+
+
+@pytest.mark.parametrize("value", IMPLAUSIBLE)
+def test_a_systems_file_count_that_is_not_plausible_is_refused_naming_the_file_and_key(capsys, tmp_path, value):
+    submission = tmp_path / "HPE"
+    shutil.copytree(HPE / "systems", submission / "systems")
+    shutil.copytree(HPE_N4 / "dlrm_dcnv2", submission / "results" / HPE_N4.name / "dlrm_dcnv2")
+    described = submission / "systems" / f"{HPE_N4.name}.json"
+    original = described.read_text()
+    for key, stated in (("number_of_nodes", '"4"'), ("accelerators_per_node", '"8"')):
+        described.write_text(original.replace(f'"{key}": {stated}', f'"{key}": {value}'))
+        assert json.loads(described.read_text())[key] != json.loads(original)[key]
+        code, err = run_import(capsys, submission, out=tmp_path / "out", ruleset=RULESET_V5)
+        assert code == 2 and f"{described.name}: {key} " in err and len(err.splitlines()) == 1, err
+        assert "not a whole number" in err or "not a plausible count" in err or "not a count" in err
+        assert not list(tmp_path.rglob("summary.json"))
+
+
+def test_a_sysjson_count_that_is_not_plausible_is_never_taken(capsys, tmp_path):
+    def with_count(key, value, name):
+        return _edited(EOS_8 / "result_0.txt", tmp_path / name / "result_0.txt",
+                       lambda text: text.replace(f'"{key}":"{1 if key == "number_of_nodes" else 8}"',
+                                                 f'"{key}":{value}'))
+
+    for name, value in (("word", '"eight"'), ("superscript", '"\u00b2"'), ("huge", str(10 ** 30)), ("zero", '"0"')):
+        nodes = with_count("number_of_nodes", value, f"nodes-{name}")
+        code, err = run_import(capsys, nodes, out=tmp_path / f"out-nodes-{name}")
+        assert code == 0, err  # the platform, 1xNVIDIA DGX H100, still counts the nodes
+        (summary,) = summaries(tmp_path / f"out-nodes-{name}").values()
+        assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (1, 8)
+        (note,) = summary["time_to_train"]["notes"]
+        assert note.startswith(":::SYSJSON number_of_nodes ") and note.endswith(": not taken")
+        assert f"{nodes}: warning: :::SYSJSON number_of_nodes" in err
+
+        per_node = with_count("accelerators_per_node", value, f"per-node-{name}")
+        code, err = run_import(capsys, per_node, out=tmp_path / f"out-per-node-{name}")
+        assert code == 2 and str(per_node) in err and len(err.splitlines()) == 1, err
+        assert (":::SYSJSON accelerators_per_node" if name != "zero" else "accelerators_per_node 0") in err
+    huge = tmp_path / "per-node-huge" / "result_0.txt"
+    code, err = run_import(capsys, huge, out=tmp_path / "given", extra=("--num-gpus", "8"))
+    assert code == 0 and f"{huge}: warning: :::SYSJSON accelerators_per_node {10 ** 30} is more than 1,000,000" in err
+    assert summaries(tmp_path / "given")["result_0"]["hardware"]["num_gpus"] == 8
+    code, err = run_import(capsys, huge, out=tmp_path / "none", extra=("--num-gpus", "0"))
+    assert code == 2 and "--num-gpus 0: give a count from 1 to 1,000,000" in err

@@ -128,6 +128,10 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
     a submitter folder (results/ and systems/) imports whole. The command's own warning is said once,
     before the first file's."""
     refuse_inapplicable_to_mlperf(args)
+    for option in ("num_gpus", "gpus_per_node"):
+        value = getattr(args, option)
+        if value is not None and mlperf.plausible_count(value)[0] is None:
+            raise ReportError(f"--{option.replace('_', '-')} {value}: give a count from 1 to {mlperf.MAX_COUNT:,}")
     files = mlperf.result_files(args.logs)
     imported = []
     for path, name in zip(files, output_names(files), strict=True):
