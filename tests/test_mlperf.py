@@ -4,6 +4,7 @@ parser and result_summarizer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -100,7 +101,10 @@ def test_srun_rank_prefixes_read_the_same(capsys, tmp_path):
     code, err = run_import(capsys, EOS_8 / "result_0.txt", prefixed, out=tmp_path / "out")
     assert code == 0, err
     plain, srun = summaries(tmp_path / "out").values()
-    assert srun["time_to_train"] == {**plain["time_to_train"], "scaling_factor": 1.0}  # no scaling.json beside it
+    assert srun["time_to_train"] == {**plain["time_to_train"], "scaling_factor": 1.0,  # no scaling.json beside it
+                                     "sha256": srun["time_to_train"]["sha256"],  # other bytes
+                                     "system": {**plain["time_to_train"]["system"], "directory": None}}
+    assert plain["time_to_train"]["system"]["directory"] == "eos_ngc24.04_nemo"  # folder srun/: not <benchmark>/
     assert srun["hardware"]["num_gpus"] == plain["hardware"]["num_gpus"] == 8
 
 
@@ -282,6 +286,12 @@ def test_a_whole_submission_imports_with_the_counts_of_its_systems_files(capsys,
         assert ttt["counts_from"] == "systems/" + Path(ttt["system_file"]).name
         assert summary["hardware"]["gpu_name"] == described["accelerator_model_name"]
         assert summary["run"]["label"] == described["system_name"]
+        assert ttt["system"] == {"directory": Path(ttt["system_file"]).stem, "name": described["system_name"],
+                                 "accelerator": described["accelerator_model_name"],
+                                 "submitter": described["submitter"]}
+        result_file = Path(summary["environment"]["imported_from"])
+        assert result_file.parent.parent.name == ttt["system"]["directory"]
+        assert ttt["sha256"] == hashlib.sha256(result_file.read_bytes()).hexdigest()
 
 
 def test_a_log_that_disagrees_with_its_systems_file_is_counted_as_the_systems_file_says(capsys, tmp_path):

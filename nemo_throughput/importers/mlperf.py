@@ -13,6 +13,7 @@ derived (an MLPerf benchmark's sample is not a fixed number of tokens).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import statistics
@@ -87,6 +88,7 @@ class SystemFile:
     num_nodes: int
     accelerators_per_node: int
     accelerator: str | None
+    submitter: str | None
 
     @property
     def num_accelerators(self) -> int:
@@ -116,7 +118,8 @@ def read_system_file(path: Path) -> SystemFile:
     if not isinstance(desc, dict):
         raise ReportError(f"{printable(path)}: not a JSON object (give the submission's system description)")
     return SystemFile(path, _real(desc.get("system_name")), _count(desc, "number_of_nodes", path),
-                      _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")))
+                      _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")),
+                      _real(desc.get("submitter")))
 
 
 def _count(desc: dict[str, Any], key: str, path: Path) -> int:
@@ -176,6 +179,7 @@ class ResultLog:
     epochs: int
     parse_errors: list[str]
     compliance: Compliance = field(default_factory=lambda: Compliance("", False, []))
+    sha256: str = ""  # of the file's bytes: a copy of another result is the same run
 
     @property
     def benchmark(self) -> str | None:
@@ -247,6 +251,7 @@ def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
         raise ReportError(f"{printable(path)}: no `{MLLOG_TAG.strip()}` lines (give an MLPerf Training result file)")
     result = _from_lines(path, lines, [f"{error}: {line[:200]}" for line, error in failed])
     result.compliance = _check(path, result.benchmark, ruleset)
+    result.sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     return result
 
 
@@ -414,8 +419,33 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
         facts, RunStats(world_size=1, warmup_steps=0), status, error, result_rate=rate,
         time_to_train={**time_to_train(result), "ruleset_given": ruleset is not None,
                        "system_file": str(system.path) if system else None, "counts_from": scale.source,
-                       "notes": notes})
+                       "system": system_record(path, result, system), "sha256": result.sha256, "notes": notes})
     return summary, notes
+
+
+def system_record(path: Path, result: ResultLog, system: SystemFile | None) -> dict[str, str | None]:
+    """Which system ran it, as result_summarizer names one: the ``<system>`` directory of
+    ``<system>/<benchmark>/result_*.txt`` (None where the result's folder is not named after its
+    benchmark), and the systems file's name, accelerator and submitter, else the log's."""
+    folder = path.resolve().parent
+    return {
+        "directory": (folder.parent.name or None) if folder.name == result.benchmark else None,
+        "name": (system and system.name) or _real(result.system.get("system_name")),
+        "accelerator": (system and system.accelerator) or _real(result.system.get("accelerator_model_name")),
+        "submitter": (system and system.submitter) or _real(result.values.get("submission_org")),
+    }
+
+
+def note_byte_copies(summaries: list[dict[str, Any]]) -> None:
+    """A result file with the bytes of one imported before it is a copy of the same run: said in its
+    notes (the report counts it once)."""
+    first: dict[str, str] = {}
+    for summary in summaries:
+        ttt, source = summary["time_to_train"], summary["environment"]["imported_from"]
+        if ttt["sha256"] in first:
+            ttt["notes"].append(f"a byte copy of {printable(first[ttt['sha256']])}: the same run, which the report "
+                                "counts once")
+        first.setdefault(ttt["sha256"], source)
 
 
 def _stated_batch(batch: Any) -> int | None:
