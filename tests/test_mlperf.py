@@ -626,3 +626,46 @@ def test_a_summary_claiming_more_nodes_than_gpus_is_refused_naming_it(capsys, tm
     assert f"excluded: {claimed}: hardware.num_nodes 16 is more than hardware.num_gpus 8" in captured.err
     (group,) = json.loads(captured.out)["time_to_train"]
     assert group["time_to_train_minutes"]["runs"] == 1
+
+
+def test_one_result_imported_twice_counts_once(capsys, tmp_path):
+    for out in ("a", "b"):
+        code, err = run_import(capsys, EOS_8, out=tmp_path / out)
+        assert code == 0, err
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    (group,) = json.loads(captured.out)["time_to_train"]
+    assert group["time_to_train_minutes"]["runs"] == 10
+    assert str(group["time_to_train_minutes"]["olympic"]) == str(summarizer_score(EOS_8, "llama2_70b_lora"))
+    assert (f"{EOS_8 / 'result_0.txt'} is imported twice ({tmp_path / 'a' / 'result_0' / 'summary.json'}, "
+            f"{tmp_path / 'b' / 'result_0' / 'summary.json'}): the same run, counted once") in captured.err
+
+
+def test_summaries_that_record_no_system_are_grouped_by_label_and_said_to_be(capsys, tmp_path):
+    """Summaries of an older import have no time_to_train.system: the label is all that tells systems apart."""
+    code, err = run_import(capsys, EOS_8, out=tmp_path)
+    assert code == 0, err
+    for path in tmp_path.rglob("summary.json"):
+        summary = json.loads(path.read_text())
+        del summary["time_to_train"]["system"], summary["time_to_train"]["sha256"]
+        path.write_text(json.dumps(summary))
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    (group,) = json.loads(captured.out)["time_to_train"]
+    assert group["system"] is None and group["submitter"] == "NVIDIA"  # the log's submission_org
+    assert str(group["time_to_train_minutes"]["olympic"]) == str(summarizer_score(EOS_8, "llama2_70b_lora"))
+    assert "note: llama2_70b_lora on Eos, (no system stated) (1 node(s), 8 GPUs): the runs state no system" \
+        in captured.err
+
+
+def test_the_system_directory_is_that_of_results_or_of_a_folder_named_after_the_benchmark(capsys, tmp_path):
+    layouts = {"in-results": tmp_path / "results" / "eos" / "lora", "named": tmp_path / "eos2" / "llama2_70b_lora",
+               "elsewhere": tmp_path / "eos3" / "lora"}
+    for folder in layouts.values():
+        folder.mkdir(parents=True)
+        shutil.copyfile(EOS_8 / "result_0.txt", folder / "result_0.txt")
+    code, err = run_import(capsys, *(folder / "result_0.txt" for folder in layouts.values()), out=tmp_path / "out")
+    assert code == 0, err
+    found = {Path(s["environment"]["imported_from"]).parent: s["time_to_train"]["system"]["directory"]
+             for s in summaries(tmp_path / "out").values()}
+    assert found == {layouts["in-results"]: "eos", layouts["named"]: "eos2", layouts["elsewhere"]: None}

@@ -425,11 +425,13 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
 
 def system_record(path: Path, result: ResultLog, system: SystemFile | None) -> dict[str, str | None]:
     """Which system ran it, as result_summarizer names one: the ``<system>`` directory of
-    ``<system>/<benchmark>/result_*.txt`` (None where the result's folder is not named after its
-    benchmark), and the systems file's name, accelerator and submitter, else the log's."""
+    ``results/<system>/<benchmark>/result_*.txt``, or of ``<system>/<benchmark>/`` where the folder
+    is named after the log's benchmark (else None), and the systems file's name, accelerator and
+    submitter, else the log's."""
     folder = path.resolve().parent
+    in_layout = folder.name == result.benchmark or system_file_path(path) is not None
     return {
-        "directory": (folder.parent.name or None) if folder.name == result.benchmark else None,
+        "directory": (folder.parent.name or None) if in_layout else None,
         "name": (system and system.name) or _real(result.system.get("system_name")),
         "accelerator": (system and system.accelerator) or _real(result.system.get("accelerator_model_name")),
         "submitter": (system and system.submitter) or _real(result.values.get("submission_org")),
