@@ -512,6 +512,22 @@ def test_a_systems_file_count_that_is_not_plausible_is_refused_naming_the_file_a
         assert not list(tmp_path.rglob("summary.json"))
 
 
+def test_counts_whose_product_is_not_plausible_are_never_taken(capsys, tmp_path):
+    submission = tmp_path / "HPE"
+    shutil.copytree(HPE / "systems", submission / "systems")
+    shutil.copytree(HPE_N4 / "dlrm_dcnv2", submission / "results" / HPE_N4.name / "dlrm_dcnv2")
+    described = submission / "systems" / f"{HPE_N4.name}.json"
+    described.write_text(described.read_text().replace('"number_of_nodes": "4"', '"number_of_nodes": "1000000"'))
+    code, err = run_import(capsys, submission, out=tmp_path / "a", ruleset=RULESET_V5)
+    assert code == 2 and f"{described.name}: number_of_nodes 1000000 x accelerators_per_node 8 is more than " \
+                         "1,000,000 accelerators" in err and len(err.splitlines()) == 1
+    log = _edited(EOS_8 / "result_0.txt", tmp_path / "log" / "result_0.txt",
+                  lambda text: text.replace('"number_of_nodes":"1"', '"number_of_nodes":"1000000"'))
+    code, err = run_import(capsys, log, out=tmp_path / "b")
+    assert code == 2 and "1000000 nodes x 8 accelerators per node is more than 1,000,000 accelerators" in err
+    assert not list(tmp_path.rglob("summary.json"))
+
+
 def test_a_sysjson_count_that_is_not_plausible_is_never_taken(capsys, tmp_path):
     def with_count(key, value, name):
         return _edited(EOS_8 / "result_0.txt", tmp_path / name / "result_0.txt",

@@ -117,9 +117,14 @@ def read_system_file(path: Path) -> SystemFile:
                           f"{printable(error)}) (fix it: result_summarizer skips such a system too)") from error
     if not isinstance(desc, dict):
         raise ReportError(f"{printable(path)}: not a JSON object (give the submission's system description)")
-    return SystemFile(path, _real(desc.get("system_name")), _count(desc, "number_of_nodes", path),
-                      _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")),
-                      _real(desc.get("submitter")))
+    system = SystemFile(path, _real(desc.get("system_name")), _count(desc, "number_of_nodes", path),
+                        _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")),
+                        _real(desc.get("submitter")))
+    if system.num_accelerators > MAX_COUNT:
+        raise ReportError(f"{printable(path)}: number_of_nodes {system.num_nodes} x accelerators_per_node "
+                          f"{system.accelerators_per_node} is more than {MAX_COUNT:,} accelerators: not a plausible "
+                          "count (fix the file)")
+    return system
 
 
 def _count(desc: dict[str, Any], key: str, path: Path) -> int:
@@ -227,7 +232,16 @@ class ResultLog:
     @property
     def num_accelerators(self) -> int | None:
         nodes, per_node = self.num_nodes, self.accelerators_per_node
-        return nodes * per_node if nodes and per_node else None
+        return nodes * per_node if nodes and per_node and nodes * per_node <= MAX_COUNT else None
+
+    def count_notes(self) -> list[str]:
+        """What the log states as counts that is not taken (never a count)."""
+        notes = [note for key in COUNT_KEYS if (note := self.count(key)[1])]
+        nodes, per_node = self.num_nodes, self.accelerators_per_node
+        if nodes and per_node and nodes * per_node > MAX_COUNT:
+            notes.append(f"{nodes} nodes x {per_node} accelerators per node is more than {MAX_COUNT:,} accelerators: "
+                         "not a plausible count, not taken")
+        return notes
 
     @property
     def platform(self) -> str | None:
@@ -495,7 +509,7 @@ def _scale(path: Path, result: ResultLog, system: SystemFile | None, given: int 
            gpus_per_node: int | None) -> tuple[Scale, list[str]]:
     """The systems file's counts, else the log's; ``given`` only where neither states them. A count
     the log states that is no plausible count is never taken, and said."""
-    notes = [note for key in COUNT_KEYS if (note := result.count(key)[1])]
+    notes = result.count_notes()
     if system is not None:
         stated = Scale(system.num_nodes, system.num_accelerators, system.shown)
         notes += _disagreement(result, system)
