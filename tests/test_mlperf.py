@@ -4,6 +4,7 @@ parser and result_summarizer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -100,7 +101,10 @@ def test_srun_rank_prefixes_read_the_same(capsys, tmp_path):
     code, err = run_import(capsys, EOS_8 / "result_0.txt", prefixed, out=tmp_path / "out")
     assert code == 0, err
     plain, srun = summaries(tmp_path / "out").values()
-    assert srun["time_to_train"] == {**plain["time_to_train"], "scaling_factor": 1.0}  # no scaling.json beside it
+    assert srun["time_to_train"] == {**plain["time_to_train"], "scaling_factor": 1.0,  # no scaling.json beside it
+                                     "sha256": srun["time_to_train"]["sha256"],  # other bytes
+                                     "system": {**plain["time_to_train"]["system"], "directory": None}}
+    assert plain["time_to_train"]["system"]["directory"] == "eos_ngc24.04_nemo"  # folder srun/: not <benchmark>/
     assert srun["hardware"]["num_gpus"] == plain["hardware"]["num_gpus"] == 8
 
 
@@ -282,6 +286,12 @@ def test_a_whole_submission_imports_with_the_counts_of_its_systems_files(capsys,
         assert ttt["counts_from"] == "systems/" + Path(ttt["system_file"]).name
         assert summary["hardware"]["gpu_name"] == described["accelerator_model_name"]
         assert summary["run"]["label"] == described["system_name"]
+        assert ttt["system"] == {"directory": Path(ttt["system_file"]).stem, "name": described["system_name"],
+                                 "accelerator": described["accelerator_model_name"],
+                                 "submitter": described["submitter"]}
+        result_file = Path(summary["environment"]["imported_from"])
+        assert result_file.parent.parent.name == ttt["system"]["directory"]
+        assert ttt["sha256"] == hashlib.sha256(result_file.read_bytes()).hexdigest()
 
 
 def test_a_log_that_disagrees_with_its_systems_file_is_counted_as_the_systems_file_says(capsys, tmp_path):
@@ -372,19 +382,21 @@ def _edited(source: Path, target: Path, edit) -> Path:
 
 def test_results_without_a_time_to_train_are_never_converged_runs(capsys, tmp_path):
     source = EOS_8 / "result_0.txt"
+    system = tmp_path / EOS_8.parent.name / EOS_8.name  # the same system: <system>/<benchmark>/
     start, stop = keys_of(source)["run_start"].timestamp, keys_of(source)["run_stop"].timestamp
-    no_start = _edited(source, tmp_path / "no_start" / "result_0.txt",
+    no_start = _edited(source, system / "result_no_start.txt",
                        lambda text: "".join(line for line in text.splitlines(keepends=True)
                                             if '"key": "run_start"' not in line))
     end = '"event_type": "INTERVAL_END", "key": "run_stop"'
     before_start = f'"time_ms": {start - 1000:.0f}, {end}'
-    backwards = _edited(source, tmp_path / "backwards" / "result_0.txt",
+    backwards = _edited(source, system / "result_backwards.txt",
                         lambda text: text.replace(f'"time_ms": {stop:.0f}, {end}', before_start))
     assert "run_stop" in keys_of(backwards) and keys_of(backwards)["run_stop"].timestamp < start
-    code, err = run_import(capsys, no_start, backwards, EOS_8 / "result_1.txt", out=tmp_path / "out")
+    shutil.copyfile(EOS_8 / "result_1.txt", system / "result_1.txt")
+    code, err = run_import(capsys, system, out=tmp_path / "out")
     assert code == 0, err
     imported = summaries(tmp_path / "out")
-    for name, problem in (("no_start-result_0", "no run_start line"), ("backwards-result_0", "is before run_start")):
+    for name, problem in (("result_no_start", "no run_start line"), ("result_backwards", "is before run_start")):
         ttt = imported[name]["time_to_train"]
         assert ttt["status"] == "success" and not ttt["converged"] and ttt["minutes"] is None, name
         assert imported[name]["status"] == "failed" and problem in imported[name]["error"]
@@ -438,18 +450,238 @@ def test_runs_of_one_label_on_different_node_counts_are_never_one_group(capsys, 
         code, err = run_import(capsys, ASUS, out=tmp_path / f"per-node-{gpus_per_node}",
                                extra=("--num-gpus", 16, "--gpus-per-node", gpus_per_node, "--label", "same"))
         assert code == 0, err
-    groups = report_json(capsys, tmp_path)["time_to_train"]
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    groups = json.loads(captured.out)["time_to_train"]
     assert sorted((g["num_nodes"], g["num_gpus"], g["time_to_train_minutes"]["runs"]) for g in groups) == [
         (2, 16, 10), (4, 16, 10)]
+    # the same files, imported twice as two sizes: said of each group
+    assert ("note: llama2_70b_lora on same, ESC_N8A-E12 (2 node(s), 16 GPUs): 10 of its result files (e.g. "
+            f"{ASUS / 'result_0.txt'}) have the bytes of result files reported under same on ESC_N8A-E12 (4 node(s), "
+            "16 GPUs): the same runs, imported as two systems or sizes") in captured.err
 
 
-def test_the_speedup_baseline_is_the_fewest_gpus_then_the_fewest_nodes():
+def test_the_speedup_baseline_is_the_fewest_nodes_of_one_system_family():
     from nemo_throughput.report.time_to_train import TrainGroup, _add_speedup
 
-    def group(nodes, gpus, minutes):
-        return TrainGroup("llama2_70b_lora", "eos", nodes, gpus, {"olympic": minutes, "mean": minutes})
+    def group(system, nodes, gpus, minutes, accelerator="NVIDIA H100-SXM5-80GB", submitter="NVIDIA"):
+        return TrainGroup("llama2_70b_lora", "eos", system, nodes, gpus, {"olympic": minutes, "mean": minutes},
+                          submitter=submitter, accelerator=accelerator)
 
-    four_by_four, two_by_eight, eight_by_eight = group(4, 16, 30.0), group(2, 16, 20.0), group(8, 64, 5.0)
-    _add_speedup([four_by_four, eight_by_eight, two_by_eight])  # in any order
-    assert two_by_eight.speedup == 1.0 and four_by_four.speedup == pytest.approx(20 / 30)
-    assert eight_by_eight.speedup == 4.0 and eight_by_eight.scaling_efficiency == 1.0
+    four_by_four, two_by_eight = group("a", 4, 16, 30.0), group("b", 2, 16, 20.0)
+    eight_by_eight = group("c", 8, 64, 5.0)
+    h200, unstated = group("d", 1, 8, 10.0, accelerator="NVIDIA H200-SXM5-141GB"), group("e", 1, 8, 1.0, submitter=None)
+    _add_speedup([four_by_four, eight_by_eight, h200, unstated, two_by_eight])  # in any order
+    assert two_by_eight.speedup == 1.0 and eight_by_eight.speedup == 4.0 and eight_by_eight.scaling_efficiency == 1.0
+    assert eight_by_eight.speedup_over == two_by_eight.speedup_over == "b (2 node(s), 16 GPUs)"
+    assert "speedup over b (2 node(s), 16 GPUs): one system family (submitter NVIDIA, NVIDIA H100-SXM5-80GB, 8 GPUs " \
+           "per node, label eos)" in eight_by_eight.notes
+    # 4 GPUs per node, another accelerator, an unstated submitter: each its own family, compared with itself only
+    for alone in (four_by_four, h200, unstated):
+        assert alone.speedup == 1.0 and alone.speedup_over == alone.shown and alone.scaling_efficiency == 1.0
+    assert "not compared with a (4 node(s), 16 GPUs): another number of GPUs per node (4)" in two_by_eight.notes
+    assert "not compared with d (1 node(s), 8 GPUs): another accelerator (NVIDIA H200-SXM5-141GB)" in \
+        two_by_eight.notes
+    assert "not compared with b (2 node(s), 16 GPUs): a submitter or an accelerator is not stated, so no system " \
+           "family is known" in unstated.notes
+
+    family = [group("b", 2, 16, 20.0), group("b2", 2, 16, 25.0), group("c", 8, 64, 5.0)]  # two at the smallest size
+    _add_speedup(family)
+    for member in family:  # either could be the baseline: none is chosen
+        assert member.speedup is member.speedup_over is member.scaling_efficiency is None
+        assert any(note.startswith("no speedup: b (2 node(s), 16 GPUs) and b2 (2 node(s), 16 GPUs) are both the "
+                                   "smallest size of one system family") for note in member.notes)
+
+
+IMPLAUSIBLE = ('"eight"', '"\\u00b2"', '"\\u0663"', str(10 ** 30), f'"{10 ** 30}"', "-1", '"-1"', "true", "8.5", '""')
+
+
+@pytest.mark.parametrize("value", IMPLAUSIBLE)
+def test_a_systems_file_count_that_is_not_plausible_is_refused_naming_the_file_and_key(capsys, tmp_path, value):
+    submission = tmp_path / "HPE"
+    shutil.copytree(HPE / "systems", submission / "systems")
+    shutil.copytree(HPE_N4 / "dlrm_dcnv2", submission / "results" / HPE_N4.name / "dlrm_dcnv2")
+    described = submission / "systems" / f"{HPE_N4.name}.json"
+    original = described.read_text()
+    for key, stated in (("number_of_nodes", '"4"'), ("accelerators_per_node", '"8"')):
+        described.write_text(original.replace(f'"{key}": {stated}', f'"{key}": {value}'))
+        assert json.loads(described.read_text())[key] != json.loads(original)[key]
+        code, err = run_import(capsys, submission, out=tmp_path / "out", ruleset=RULESET_V5)
+        assert code == 2 and f"{described.name}: {key} " in err and len(err.splitlines()) == 1, err
+        assert "not a whole number" in err or "not a plausible count" in err or "not a count" in err
+        assert not list(tmp_path.rglob("summary.json"))
+
+
+def test_counts_whose_product_is_not_plausible_are_never_taken(capsys, tmp_path):
+    submission = tmp_path / "HPE"
+    shutil.copytree(HPE / "systems", submission / "systems")
+    shutil.copytree(HPE_N4 / "dlrm_dcnv2", submission / "results" / HPE_N4.name / "dlrm_dcnv2")
+    described = submission / "systems" / f"{HPE_N4.name}.json"
+    described.write_text(described.read_text().replace('"number_of_nodes": "4"', '"number_of_nodes": "1000000"'))
+    code, err = run_import(capsys, submission, out=tmp_path / "a", ruleset=RULESET_V5)
+    assert code == 2 and f"{described.name}: number_of_nodes 1000000 x accelerators_per_node 8 is more than " \
+                         "1,000,000 accelerators" in err and len(err.splitlines()) == 1
+    log = _edited(EOS_8 / "result_0.txt", tmp_path / "log" / "result_0.txt",
+                  lambda text: text.replace('"number_of_nodes":"1"', '"number_of_nodes":"1000000"'))
+    code, err = run_import(capsys, log, out=tmp_path / "b")
+    assert code == 2 and "1000000 nodes x 8 accelerators per node is more than 1,000,000 accelerators" in err
+    assert not list(tmp_path.rglob("summary.json"))
+
+
+def test_a_sysjson_count_that_is_not_plausible_is_never_taken(capsys, tmp_path):
+    def with_count(key, value, name):
+        return _edited(EOS_8 / "result_0.txt", tmp_path / name / "result_0.txt",
+                       lambda text: text.replace(f'"{key}":"{1 if key == "number_of_nodes" else 8}"',
+                                                 f'"{key}":{value}'))
+
+    for name, value in (("word", '"eight"'), ("superscript", '"\u00b2"'), ("huge", str(10 ** 30)), ("zero", '"0"')):
+        nodes = with_count("number_of_nodes", value, f"nodes-{name}")
+        code, err = run_import(capsys, nodes, out=tmp_path / f"out-nodes-{name}")
+        assert code == 0, err  # the platform, 1xNVIDIA DGX H100, still counts the nodes
+        (summary,) = summaries(tmp_path / f"out-nodes-{name}").values()
+        assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (1, 8)
+        (note,) = summary["time_to_train"]["notes"]
+        assert note.startswith(":::SYSJSON number_of_nodes ") and note.endswith(": not taken")
+        assert f"{nodes}: warning: :::SYSJSON number_of_nodes" in err
+
+        per_node = with_count("accelerators_per_node", value, f"per-node-{name}")
+        code, err = run_import(capsys, per_node, out=tmp_path / f"out-per-node-{name}")
+        assert code == 2 and str(per_node) in err and len(err.splitlines()) == 1, err
+        assert (":::SYSJSON accelerators_per_node" if name != "zero" else "accelerators_per_node 0") in err
+    huge = tmp_path / "per-node-huge" / "result_0.txt"
+    code, err = run_import(capsys, huge, out=tmp_path / "given", extra=("--num-gpus", "8"))
+    assert code == 0 and f"{huge}: warning: :::SYSJSON accelerators_per_node {10 ** 30} is more than 1,000,000" in err
+    assert summaries(tmp_path / "given")["result_0"]["hardware"]["num_gpus"] == 8
+    code, err = run_import(capsys, huge, out=tmp_path / "none", extra=("--num-gpus", "0"))
+    assert code == 2 and "--num-gpus 0: give a count from 1 to 1,000,000" in err
+
+
+def two_one_node_systems(tmp_path: Path, accelerators: tuple[str, str]) -> Path:
+    """A submitter folder of two 1-node, 8-GPU systems that ran llama2_70b_lora, each with its own
+    scaling.json (NVIDIA's Eos: 1.00337, ASUSTeK's ESC_N8A-E12: 1.0347) and systems/<system>.json
+    (HPE's real v5.0 description, with the system's own name, counts and accelerator)."""
+    submitter = tmp_path / "submitter"
+    template = json.loads((HPE / "systems" / f"{HPE_N2.name}.json").read_text())
+    for (system, folder), accelerator in zip((("eos", EOS_8), ("esc", ASUS)), accelerators, strict=True):
+        shutil.copytree(folder, submitter / "results" / system / "llama2_70b_lora")
+        (submitter / "systems").mkdir(exist_ok=True)
+        (submitter / "systems" / f"{system}.json").write_text(json.dumps(
+            {**template, "submitter": "Submitter", "system_name": f"{system} 1x8", "number_of_nodes": "1",
+             "accelerators_per_node": 8, "accelerator_model_name": accelerator}, indent=4))
+    return submitter
+
+
+def test_two_systems_of_one_node_count_are_scored_apart_whatever_the_label(capsys, tmp_path):
+    submitter = two_one_node_systems(tmp_path, ("NVIDIA H100-SXM5-80GB", "NVIDIA H200-SXM5-141GB"))
+    code, err = run_import(capsys, submitter, out=tmp_path / "out", extra=("--label", "same"))
+    assert code == 0, err
+    assert main(["report", str(tmp_path / "out"), "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    groups = {g["system"]: g for g in json.loads(captured.out)["time_to_train"]}
+    assert set(groups) == {"eos", "esc"}
+    theirs = {row["system"]: row["llama2_70b_lora"]
+              for row in summarizer_rows(submitter, RULESET, tmp_path / "summarizer")}
+    for system, folder in (("eos", EOS_8), ("esc", ASUS)):
+        group = groups[system]
+        assert (group["label"], group["num_nodes"], group["num_gpus"]) == ("same", 1, 8)
+        assert group["time_to_train_minutes"]["runs"] == 10
+        assert group["time_to_train_minutes"]["scaling_factor"] == json.loads(
+            (folder / "scaling.json").read_text())["scaling_factor"]
+        olympic = group["time_to_train_minutes"]["olympic"]
+        assert str(olympic) == str(theirs[f"{system} 1x8"]) == str(summarizer_score(folder, "llama2_70b_lora"))
+        # another accelerator: no speedup against the other system, said
+        assert group["speedup"] == 1.0 and group["speedup_over"] == f"{system} (1 node(s), 8 GPUs)"
+    assert ("note: llama2_70b_lora on same, eos (1 node(s), 8 GPUs): not compared with esc (1 node(s), 8 GPUs): "
+            "another accelerator (NVIDIA H200-SXM5-141GB)") in captured.err
+    assert main(["report", str(tmp_path / "out")]) == 0
+    table = capsys.readouterr().out
+    assert all(f"{g['time_to_train_minutes']['olympic']:.2f}" in table for g in groups.values())
+
+
+def test_two_systems_at_the_smallest_size_of_one_family_give_no_speedup(capsys, tmp_path):
+    submitter = two_one_node_systems(tmp_path, ("NVIDIA H100-SXM5-80GB", "NVIDIA H100-SXM5-80GB"))
+    code, err = run_import(capsys, submitter, EOS_64, out=tmp_path / "out", extra=("--label", "same"))
+    assert code == 0, err
+    assert main(["report", str(tmp_path / "out"), "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    groups = json.loads(captured.out)["time_to_train"]
+    assert len(groups) == 3  # eos and esc (1 x 8, submitter "Submitter"), Eos_n8 (8 x 8, submitter NVIDIA)
+    by_system = {g["system"]: g for g in groups}
+    assert by_system["eos"]["speedup"] is by_system["esc"]["speedup"] is None
+    assert ("no speedup: eos (1 node(s), 8 GPUs) and esc (1 node(s), 8 GPUs) are both the smallest size of one "
+            "system family (submitter Submitter, NVIDIA H100-SXM5-80GB, 8 GPUs per node, label same)") in captured.err
+    assert by_system["eos_n8_ngc24.04_nemo"]["speedup"] == 1.0  # NVIDIA's: another family, by itself
+    assert "not compared with eos (1 node(s), 8 GPUs): another submitter (Submitter)" in captured.err
+
+
+def test_a_byte_copy_of_a_result_file_is_counted_once(capsys, tmp_path):
+    system = tmp_path / EOS_8.parent.name / EOS_8.name
+    shutil.copytree(EOS_8, system)
+    shutil.copyfile(system / "result_3.txt", system / "result_10.txt")
+    code, err = run_import(capsys, system, out=tmp_path / "out")
+    assert code == 0, err
+    assert f"{system / 'result_3.txt'}: warning: a byte copy of {system / 'result_10.txt'}: the same run" in err
+    assert main(["report", str(tmp_path / "out"), "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    (group,) = json.loads(captured.out)["time_to_train"]
+    assert group["time_to_train_minutes"]["runs"] == 10 and len(group["files"]) == 10
+    assert str(group["time_to_train_minutes"]["olympic"]) == str(summarizer_score(EOS_8, "llama2_70b_lora"))
+    assert f"{system / 'result_3.txt'} is a byte copy of {system / 'result_10.txt'}: the same run, counted once" \
+        in captured.err
+
+
+def test_a_summary_claiming_more_nodes_than_gpus_is_refused_naming_it(capsys, tmp_path):
+    code, err = run_import(capsys, EOS_8 / "result_0.txt", EOS_8 / "result_1.txt", out=tmp_path)
+    assert code == 0, err
+    claimed = tmp_path / "result_1" / "summary.json"
+    summary = json.loads(claimed.read_text())
+    summary["hardware"]["num_nodes"] = 16  # of 8 GPUs
+    claimed.write_text(json.dumps(summary))
+    assert main(["report", str(tmp_path), "--format", "json"]) == 1
+    captured = capsys.readouterr()
+    assert f"excluded: {claimed}: hardware.num_nodes 16 is more than hardware.num_gpus 8" in captured.err
+    (group,) = json.loads(captured.out)["time_to_train"]
+    assert group["time_to_train_minutes"]["runs"] == 1
+
+
+def test_one_result_imported_twice_counts_once(capsys, tmp_path):
+    for out in ("a", "b"):
+        code, err = run_import(capsys, EOS_8, out=tmp_path / out)
+        assert code == 0, err
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    (group,) = json.loads(captured.out)["time_to_train"]
+    assert group["time_to_train_minutes"]["runs"] == 10
+    assert str(group["time_to_train_minutes"]["olympic"]) == str(summarizer_score(EOS_8, "llama2_70b_lora"))
+    assert (f"{EOS_8 / 'result_0.txt'} is imported twice ({tmp_path / 'a' / 'result_0' / 'summary.json'}, "
+            f"{tmp_path / 'b' / 'result_0' / 'summary.json'}): the same run, counted once") in captured.err
+
+
+def test_summaries_that_record_no_system_are_grouped_by_label_and_said_to_be(capsys, tmp_path):
+    """Summaries of an older import have no time_to_train.system: the label is all that tells systems apart."""
+    code, err = run_import(capsys, EOS_8, out=tmp_path)
+    assert code == 0, err
+    for path in tmp_path.rglob("summary.json"):
+        summary = json.loads(path.read_text())
+        del summary["time_to_train"]["system"], summary["time_to_train"]["sha256"]
+        path.write_text(json.dumps(summary))
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    (group,) = json.loads(captured.out)["time_to_train"]
+    assert group["system"] is None and group["submitter"] == "NVIDIA"  # the log's submission_org
+    assert str(group["time_to_train_minutes"]["olympic"]) == str(summarizer_score(EOS_8, "llama2_70b_lora"))
+    assert "note: llama2_70b_lora on Eos, (no system stated) (1 node(s), 8 GPUs): the runs state no system" \
+        in captured.err
+
+
+def test_the_system_directory_is_that_of_results_or_of_a_folder_named_after_the_benchmark(capsys, tmp_path):
+    layouts = {"in-results": tmp_path / "results" / "eos" / "lora", "named": tmp_path / "eos2" / "llama2_70b_lora",
+               "elsewhere": tmp_path / "eos3" / "lora"}
+    for folder in layouts.values():
+        folder.mkdir(parents=True)
+        shutil.copyfile(EOS_8 / "result_0.txt", folder / "result_0.txt")
+    code, err = run_import(capsys, *(folder / "result_0.txt" for folder in layouts.values()), out=tmp_path / "out")
+    assert code == 0, err
+    found = {Path(s["environment"]["imported_from"]).parent: s["time_to_train"]["system"]["directory"]
+             for s in summaries(tmp_path / "out").values()}
+    assert found == {layouts["in-results"]: "eos", layouts["named"]: "eos2", layouts["elsewhere"]: None}

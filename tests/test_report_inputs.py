@@ -63,6 +63,7 @@ def report(*args, capsys) -> tuple[int, str, str]:
     ("hardware.num_gpus", True, r"hardware.num_gpus is True; it must be an integer >= 1"),
     ("hardware.num_gpus", "8", r"hardware.num_gpus is '8'; it must be an integer >= 1"),
     ("hardware.num_nodes", 0, r"hardware.num_nodes is 0; it must be an integer >= 1"),
+    ("hardware.num_nodes", 9, r"hardware.num_nodes 9 is more than hardware.num_gpus 8: no run has a node without"),
     ("batch.global_batch_size", 0, r"batch.global_batch_size is 0; it must be an integer >= 1"),
     ("batch.global_batch_size", 10 ** 400, r"its numbers give no finite throughput \(global batch 1000000000.*\); "
                                            r"check them"),

@@ -128,18 +128,23 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
     a submitter folder (results/ and systems/) imports whole. The command's own warning is said once,
     before the first file's."""
     refuse_inapplicable_to_mlperf(args)
+    for option in ("num_gpus", "gpus_per_node"):
+        value = getattr(args, option)
+        if value is not None and mlperf.plausible_count(value)[0] is None:
+            raise ReportError(f"--{option.replace('_', '-')} {value}: give a count from 1 to {mlperf.MAX_COUNT:,}")
     files = mlperf.result_files(args.logs)
     imported = []
     for path, name in zip(files, output_names(files), strict=True):
         progress["at"] = str(path)
-        summary, notes = mlperf.import_result(path, label=args.label, name=name, num_gpus=args.num_gpus,
-                                              gpus_per_node=args.gpus_per_node, ruleset=args.ruleset,
-                                              orchestrator=args.orchestrator, gpu_name=args.gpu_name)
-        imported.append((_summary_path(args.output_dir, name), summary, notes))
-    once = () if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary, _ in imported]),)
-    return [(path, summary, functools.partial(say_mlperf_imported, summary=summary, notes=notes,
-                                              once=once if i == 0 else ()))
-            for i, (path, summary, notes) in enumerate(imported)]
+        summary, _ = mlperf.import_result(path, label=args.label, name=name, num_gpus=args.num_gpus,
+                                          gpus_per_node=args.gpus_per_node, ruleset=args.ruleset,
+                                          orchestrator=args.orchestrator, gpu_name=args.gpu_name)
+        imported.append((_summary_path(args.output_dir, name), summary))
+    mlperf.note_byte_copies([summary for _, summary in imported])
+    once = () if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary in imported]),)
+    return [(path, summary, functools.partial(say_mlperf_imported, summary=summary,
+                                              notes=summary["time_to_train"]["notes"], once=once if i == 0 else ()))
+            for i, (path, summary) in enumerate(imported)]
 
 
 def output_names(logs: list[Path]) -> list[str]:

@@ -13,6 +13,7 @@ derived (an MLPerf benchmark's sample is not a fixed number of tokens).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import statistics
@@ -26,7 +27,7 @@ from nemo_throughput.run_stats import RunStats
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.summary import ResultRate, build_summary
 from nemo_throughput.text import printable
-from nemo_throughput.values import is_number
+from nemo_throughput.values import is_int, is_number
 
 NAME = "mlperf"
 USAGE = "training"
@@ -34,6 +35,9 @@ RESULT_GLOB = "result_*.txt"  # result_summarizer's file pattern
 SYSJSON_TAG = ":::SYSJSON "
 MLLOG_TAG = ":::MLLOG "
 PLACEHOLDER = "PLACEHOLDER"  # reference code logs e.g. 2xSUBMISSION_PLATFORM_PLACEHOLDER, to be replaced by hand
+MAX_COUNT = 1_000_000  # nodes, or accelerators per node: more than any system has (a typo or a broken file)
+IS_ZERO = "is 0"
+COUNT_KEYS = ("number_of_nodes", "accelerators_per_node")
 
 
 def _library() -> Any:
@@ -84,6 +88,7 @@ class SystemFile:
     num_nodes: int
     accelerators_per_node: int
     accelerator: str | None
+    submitter: str | None
 
     @property
     def num_accelerators(self) -> int:
@@ -112,19 +117,44 @@ def read_system_file(path: Path) -> SystemFile:
                           f"{printable(error)}) (fix it: result_summarizer skips such a system too)") from error
     if not isinstance(desc, dict):
         raise ReportError(f"{printable(path)}: not a JSON object (give the submission's system description)")
-    return SystemFile(path, _real(desc.get("system_name")), _count(desc, "number_of_nodes", path),
-                      _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")))
+    system = SystemFile(path, _real(desc.get("system_name")), _count(desc, "number_of_nodes", path),
+                        _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")),
+                        _real(desc.get("submitter")))
+    if system.num_accelerators > MAX_COUNT:
+        raise ReportError(f"{printable(path)}: number_of_nodes {system.num_nodes} x accelerators_per_node "
+                          f"{system.accelerators_per_node} is more than {MAX_COUNT:,} accelerators: not a plausible "
+                          "count (fix the file)")
+    return system
 
 
 def _count(desc: dict[str, Any], key: str, path: Path) -> int:
-    count = _whole(desc.get(key))
-    if count is None:
-        raise ReportError(f"{printable(path)}: {key} {printable(repr(desc.get(key)))} is not a whole number (fix "
-                          "the file)")
-    if count == 0:
+    count, problem = plausible_count(desc.get(key))
+    if problem == IS_ZERO:
         raise ReportError(f"{printable(path)}: {key} is 0: no accelerator count to compare runs by (a CPU-only "
                           "system is not imported; import the other systems' result folders)")
+    if count is None:
+        raise ReportError(f"{printable(path)}: {key} {printable(repr(desc.get(key)))} {problem} (fix the file)")
     return count
+
+
+def plausible_count(value: Any) -> tuple[int | None, str | None]:
+    """(count, None) for a whole number from 1 to MAX_COUNT, stated as an int or as a string of ASCII
+    digits (the counts are strings in some submissions, integers in others); else (None, what is
+    wrong with it): words, "²" or other Unicode digits, 8.0, true, 0, -1, 10**30."""
+    text = value.strip() if isinstance(value, str) else None
+    if is_int(value):
+        count = value
+    elif text and text.isascii() and text.isdigit():
+        if len(text) > len(str(MAX_COUNT)):
+            return None, f"is more than {MAX_COUNT:,}: not a plausible count"
+        count = int(text)
+    else:
+        return None, "is not a whole number"
+    if count <= 0:
+        return None, IS_ZERO if count == 0 else "is negative: not a count"
+    if count > MAX_COUNT:
+        return None, f"is more than {MAX_COUNT:,}: not a plausible count"
+    return count, None
 
 
 def _real(value: Any) -> str | None:
@@ -154,6 +184,7 @@ class ResultLog:
     epochs: int
     parse_errors: list[str]
     compliance: Compliance = field(default_factory=lambda: Compliance("", False, []))
+    sha256: str = ""  # of the file's bytes: a copy of another result is the same run
 
     @property
     def benchmark(self) -> str | None:
@@ -171,19 +202,46 @@ class ResultLog:
         """Reached the target, with a time to train to count."""
         return self.stop_status == "success" and self.minutes is not None
 
+    def stated(self, key: str) -> tuple[str, Any]:
+        """Where the log states ``key``, and the value: the :::SYSJSON object's, else the first :::MLLOG line's."""
+        return (":::SYSJSON", self.system.get(key)) if key in self.system else (":::MLLOG", self.values.get(key))
+
+    def count(self, key: str) -> tuple[int | None, str | None]:
+        """The log's count of ``key``; (None, a note naming the line and the key) where the value is no
+        plausible count: it is never taken."""
+        where, value = self.stated(key)
+        if value is None:
+            return None, None
+        count, problem = plausible_count(value)
+        return count, problem and f"{where} {key} {printable(repr(value))} {problem}: not taken"
+
+    @property
+    def zero_accelerators(self) -> bool:
+        """The log states 0 accelerators per node (a CPU-only run)."""
+        return plausible_count(self.stated("accelerators_per_node")[1])[1] == IS_ZERO
+
     @property
     def num_nodes(self) -> int | None:
-        stated = _whole(self.system.get("number_of_nodes", self.values.get("number_of_nodes")))
+        stated, _ = self.count("number_of_nodes")
         return stated if stated is not None else _platform_nodes(self.platform)
 
     @property
     def accelerators_per_node(self) -> int | None:
-        return _whole(self.system.get("accelerators_per_node", self.values.get("accelerators_per_node")))
+        return self.count("accelerators_per_node")[0]
 
     @property
     def num_accelerators(self) -> int | None:
         nodes, per_node = self.num_nodes, self.accelerators_per_node
-        return nodes * per_node if nodes and per_node else None  # 0 per node: no accelerator count
+        return nodes * per_node if nodes and per_node and nodes * per_node <= MAX_COUNT else None
+
+    def count_notes(self) -> list[str]:
+        """What the log states as counts that is not taken (never a count)."""
+        notes = [note for key in COUNT_KEYS if (note := self.count(key)[1])]
+        nodes, per_node = self.num_nodes, self.accelerators_per_node
+        if nodes and per_node and nodes * per_node > MAX_COUNT:
+            notes.append(f"{nodes} nodes x {per_node} accelerators per node is more than {MAX_COUNT:,} accelerators: "
+                         "not a plausible count, not taken")
+        return notes
 
     @property
     def platform(self) -> str | None:
@@ -192,12 +250,6 @@ class ResultLog:
     @property
     def system_name(self) -> str | None:
         return _real(self.system.get("system_name")) or self.platform
-
-
-def _whole(value: Any) -> int | None:
-    """A count as the log states it (a number or a string of digits); None otherwise."""
-    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
-    return int(text) if text.isdigit() else None
 
 
 def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
@@ -213,6 +265,7 @@ def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
         raise ReportError(f"{printable(path)}: no `{MLLOG_TAG.strip()}` lines (give an MLPerf Training result file)")
     result = _from_lines(path, lines, [f"{error}: {line[:200]}" for line, error in failed])
     result.compliance = _check(path, result.benchmark, ruleset)
+    result.sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     return result
 
 
@@ -301,7 +354,7 @@ def _platform_nodes(platform: str | None) -> int | None:
     if platform is None:
         return None
     count, sep, _ = platform.partition("x")
-    return int(count) if sep and count.isdigit() and int(count) > 0 else None
+    return plausible_count(count)[0] if sep else None
 
 
 def time_to_train(result: ResultLog) -> dict[str, Any]:
@@ -380,8 +433,35 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
         facts, RunStats(world_size=1, warmup_steps=0), status, error, result_rate=rate,
         time_to_train={**time_to_train(result), "ruleset_given": ruleset is not None,
                        "system_file": str(system.path) if system else None, "counts_from": scale.source,
-                       "notes": notes})
+                       "system": system_record(path, result, system), "sha256": result.sha256, "notes": notes})
     return summary, notes
+
+
+def system_record(path: Path, result: ResultLog, system: SystemFile | None) -> dict[str, str | None]:
+    """Which system ran it, as result_summarizer names one: the ``<system>`` directory of
+    ``results/<system>/<benchmark>/result_*.txt``, or of ``<system>/<benchmark>/`` where the folder
+    is named after the log's benchmark (else None), and the systems file's name, accelerator and
+    submitter, else the log's."""
+    folder = path.resolve().parent
+    in_layout = folder.name == result.benchmark or system_file_path(path) is not None
+    return {
+        "directory": (folder.parent.name or None) if in_layout else None,
+        "name": (system and system.name) or _real(result.system.get("system_name")),
+        "accelerator": (system and system.accelerator) or _real(result.system.get("accelerator_model_name")),
+        "submitter": (system and system.submitter) or _real(result.values.get("submission_org")),
+    }
+
+
+def note_byte_copies(summaries: list[dict[str, Any]]) -> None:
+    """A result file with the bytes of one imported before it is a copy of the same run: said in its
+    notes (the report counts it once)."""
+    first: dict[str, str] = {}
+    for summary in summaries:
+        ttt, source = summary["time_to_train"], summary["environment"]["imported_from"]
+        if ttt["sha256"] in first:
+            ttt["notes"].append(f"a byte copy of {printable(first[ttt['sha256']])}: the same run, which the report "
+                                "counts once")
+        first.setdefault(ttt["sha256"], source)
 
 
 def _stated_batch(batch: Any) -> int | None:
@@ -427,23 +507,25 @@ class Scale:
 
 def _scale(path: Path, result: ResultLog, system: SystemFile | None, given: int | None,
            gpus_per_node: int | None) -> tuple[Scale, list[str]]:
-    """The systems file's counts, else the log's; ``given`` only where neither states them."""
-    notes: list[str] = []
+    """The systems file's counts, else the log's; ``given`` only where neither states them. A count
+    the log states that is no plausible count is never taken, and said."""
+    notes = result.count_notes()
     if system is not None:
         stated = Scale(system.num_nodes, system.num_accelerators, system.shown)
         notes += _disagreement(result, system)
-    elif result.accelerators_per_node == 0:
+    elif result.zero_accelerators:
         raise ReportError(f"{printable(path)}: the log states accelerators_per_node 0: no accelerator count to "
                           "compare runs by (a CPU-only run is not imported)")
     elif result.num_accelerators is not None:
         stated = Scale(result.num_nodes or 1, result.num_accelerators, "log")
     elif given is None:
         raise ReportError(f"{printable(path)}: the log does not state its accelerators (no :::SYSJSON "
-                          "number_of_nodes / accelerators_per_node, no systems/<system>.json beside results/) "
-                          "(give --num-gpus)")
+                          "number_of_nodes / accelerators_per_node, no systems/<system>.json beside results/"
+                          f"{''.join(f'; {note}' for note in notes)}) (give --num-gpus)")
     else:
         nodes = -(-given // gpus_per_node) if gpus_per_node else 1
-        return Scale(nodes, given, "--num-gpus"), [f"{given} GPUs as given (the log does not state its accelerators)"]
+        return Scale(nodes, given, "--num-gpus"), [*notes, f"{given} GPUs as given (the log does not state its "
+                                                             "accelerators)"]
     if given is not None and given != stated.num_accelerators:
         raise ReportError(f"{printable(path)}: --num-gpus {given} contradicts {stated.source}: {stated.num_nodes} "
                           f"node(s), {stated.num_accelerators} accelerators (leave --num-gpus out: it is only for "

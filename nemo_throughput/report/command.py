@@ -91,7 +91,7 @@ def run_report(args: argparse.Namespace) -> int:
             say(f"note: {note}")
         for group in report.time_to_train:
             for note in group.notes:
-                say(f"note: {group.benchmark} on {group.label}, {group.num_gpus} GPUs: {note}")
+                say(f"note: {group.benchmark} on {group.label}, {group.shown}: {note}")
         text = render(report, args.format)
         if args.plot and not report.groups:
             say("note: --plot draws tokens/s and MFU of throughput runs; these summaries are time-to-train runs "

@@ -281,24 +281,27 @@ TIME_TO_TRAIN_TITLE = "Time to train (minutes, run_start to run_stop; olympic av
 
 
 def _time_to_train_rows(groups: list[TrainGroup]) -> tuple[list[str], list[list[str]], set[int]]:
-    header = ["benchmark", "label", "nodes", "GPUs", "runs", "converged", "olympic min", "mean min", "± 2σ min",
-              "speedup", "scaling eff"]
+    header = ["benchmark", "label", "system", "nodes", "GPUs", "runs", "converged", "olympic min", "mean min",
+              "± 2σ min", "speedup", "scaling eff"]
     rows = []
     for g in groups:
         t = g.time_to_train_minutes
-        rows.append([g.benchmark, g.label, str(g.num_nodes), str(g.num_gpus), str(t["runs"]), str(t["converged"]),
-                     _number(t["olympic"], ".2f"), _number(t["mean"], ".2f"), _number(t["two_sigma"], ".2f"),
-                     _number(g.speedup, ".2f") + ("x" if g.speedup else ""), _percent(g.scaling_efficiency)])
-    return header, rows, set(range(2, len(header)))
+        rows.append([g.benchmark, g.label, g.system or "-", str(g.num_nodes), str(g.num_gpus), str(t["runs"]),
+                     str(t["converged"]), _number(t["olympic"], ".2f"), _number(t["mean"], ".2f"),
+                     _number(t["two_sigma"], ".2f"), _number(g.speedup, ".2f") + ("x" if g.speedup else ""),
+                     _percent(g.scaling_efficiency)])
+    return header, rows, set(range(3, len(header)))
 
 
-TIME_TO_TRAIN_CSV_FIELDS = ["benchmark", "label", "num_nodes", "num_gpus", "runs", "converged", "olympic_min",
-                            "mean_min", "two_sigma_min", "speedup", "scaling_efficiency"]
+TIME_TO_TRAIN_CSV_FIELDS = ["benchmark", "label", "system", "num_nodes", "num_gpus", "runs", "converged",
+                            "olympic_min", "mean_min", "two_sigma_min", "speedup", "speedup_over",
+                            "scaling_efficiency"]
 
 
 def _time_to_train_csv(groups: list[TrainGroup]) -> list[dict[str, Any]]:
-    return [{"benchmark": g.benchmark, "label": g.label, "num_nodes": g.num_nodes, "num_gpus": g.num_gpus,
-             "runs": g.time_to_train_minutes["runs"], "converged": g.time_to_train_minutes["converged"],
-             "olympic_min": g.time_to_train_minutes["olympic"], "mean_min": g.time_to_train_minutes["mean"],
-             "two_sigma_min": g.time_to_train_minutes["two_sigma"], "speedup": g.speedup,
-             "scaling_efficiency": g.scaling_efficiency} for g in groups]
+    return [{"benchmark": g.benchmark, "label": g.label, "system": g.system, "num_nodes": g.num_nodes,
+             "num_gpus": g.num_gpus, "runs": g.time_to_train_minutes["runs"],
+             "converged": g.time_to_train_minutes["converged"], "olympic_min": g.time_to_train_minutes["olympic"],
+             "mean_min": g.time_to_train_minutes["mean"], "two_sigma_min": g.time_to_train_minutes["two_sigma"],
+             "speedup": g.speedup, "speedup_over": g.speedup_over, "scaling_efficiency": g.scaling_efficiency}
+            for g in groups]

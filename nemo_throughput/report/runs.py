@@ -127,8 +127,9 @@ def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
     _require_completed(fields)
     unit = _unit(fields)
     step_time_s, counted, window_text, notes = _measured_step_time(path, fields, window)
+    num_nodes, num_gpus = node_and_gpu_counts(fields)
     run = Run(path=path, label=fields.text("run.label"), model=fields.text("model.name"),
-              num_nodes=fields.count("hardware.num_nodes"), num_gpus=fields.count("hardware.num_gpus"),
+              num_nodes=num_nodes, num_gpus=num_gpus,
               global_batch_size=fields.count("batch.global_batch_size"),
               seq_length=fields.count("batch.seq_length") if unit == "tokens" else None, unit=unit,
               flops_per_sample=fields.positive("model.flops_per_sample", optional=True),
@@ -139,6 +140,15 @@ def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
               explanation=read_explanation(fields), counted=_counted(fields))
     _require_finite_metrics(run)
     return run
+
+
+def node_and_gpu_counts(fields: Fields) -> tuple[int, int]:
+    """hardware.num_nodes and num_gpus; more nodes than GPUs is no run's count (a node without a GPU)."""
+    nodes, gpus = fields.count("hardware.num_nodes"), fields.count("hardware.num_gpus")
+    if nodes > gpus:
+        raise ReportError(f"{fields.where}: hardware.num_nodes {nodes} is more than hardware.num_gpus {gpus}: no "
+                          "run has a node without a GPU (fix the counts, or import the run again with the right ones)")
+    return nodes, gpus
 
 
 def _counted(fields: Fields) -> CountedStep | None:
@@ -431,6 +441,16 @@ def _step_range(steps: list[tuple[int, float]]) -> str:
     return f"it has steps {steps[0][0]} to {steps[-1][0]}" if steps else "it has no steps"
 
 
+@dataclass(frozen=True)
+class TrainingSystem:
+    """The system a time-to-train run ran on; None: not stated."""
+
+    directory: str | None  # <system> of <system>/<benchmark>/result_*.txt
+    name: str | None  # system_name
+    accelerator: str | None  # hardware.gpu_name
+    submitter: str | None
+
+
 @dataclass
 class TrainingRun:
     """One MLPerf-style run: time to train from run_start to run_stop (summaries with a time_to_train section)."""
@@ -446,6 +466,8 @@ class TrainingRun:
     required_runs: int | None  # result files a submission needs for the benchmark
     scaling_factor: float  # from scaling.json beside the result file, 1.0 without one
     source: str  # the result file it was imported from
+    system: TrainingSystem
+    sha256: str | None  # of the result file's bytes; None from summaries that do not record it
 
     @property
     def counted(self) -> bool:
@@ -467,11 +489,25 @@ def _training_run(path: Path, summary: dict[str, Any]) -> TrainingRun:
     minutes = fields.optional_number("time_to_train.minutes")
     required = fields.optional("time_to_train.required_runs")
     factor = fields.optional_number("time_to_train.scaling_factor")
+    num_nodes, num_gpus = node_and_gpu_counts(fields)
     return TrainingRun(
         path=path, benchmark=fields.text("time_to_train.benchmark"), label=fields.text("run.label"),
-        num_gpus=fields.count("hardware.num_gpus"), num_nodes=fields.count("hardware.num_nodes"),
+        num_gpus=num_gpus, num_nodes=num_nodes,
         minutes=minutes, converged=fields.optional("time_to_train.converged") is True,
         compliant=fields.optional("time_to_train.compliant") is True,
         required_runs=required if is_count(required) else None,
         scaling_factor=factor if factor is not None else 1.0,
-        source=fields.optional_text("environment.imported_from") or str(path))
+        source=fields.optional_text("environment.imported_from") or str(path),
+        system=_training_system(fields), sha256=fields.optional_text("time_to_train.sha256"))
+
+
+def _training_system(fields: Fields) -> TrainingSystem:
+    """time_to_train.system; the GPU as hardware.gpu_name says; the log's submission_org where the
+    summary records no system (an older import)."""
+    gpu = fields.text("hardware.gpu_name")
+    logged = fields.optional("time_to_train.submitter")
+    return TrainingSystem(
+        directory=fields.optional_text("time_to_train.system.directory"),
+        name=fields.optional_text("time_to_train.system.name"), accelerator=None if gpu == "unknown" else gpu,
+        submitter=fields.optional_text("time_to_train.system.submitter")
+        or (logged if isinstance(logged, str) and logged.strip() else None))
