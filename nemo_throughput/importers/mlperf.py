@@ -27,7 +27,7 @@ from nemo_throughput.run_stats import RunStats
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.summary import ResultRate, build_summary
 from nemo_throughput.text import printable
-from nemo_throughput.values import is_int, is_number
+from nemo_throughput.values import is_int, is_number, whole_number
 
 NAME = "mlperf"
 USAGE = "training"
@@ -141,14 +141,11 @@ def plausible_count(value: Any) -> tuple[int | None, str | None]:
     """(count, None) for a whole number from 1 to MAX_COUNT, stated as an int or as a string of ASCII
     digits (the counts are strings in some submissions, integers in others); else (None, what is
     wrong with it): words, "²" or other Unicode digits, 8.0, true, 0, -1, 10**30."""
-    text = value.strip() if isinstance(value, str) else None
-    if is_int(value):
-        count = value
-    elif text and text.isascii() and text.isdigit():
-        if len(text) > len(str(MAX_COUNT)):
-            return None, f"is more than {MAX_COUNT:,}: not a plausible count"
-        count = int(text)
-    else:
+    text = value.strip() if isinstance(value, str) else ""
+    if len(text) > len(str(MAX_COUNT)) and whole_number(text) is not None:  # not even converted
+        return None, f"is more than {MAX_COUNT:,}: not a plausible count"
+    count = value if is_int(value) else whole_number(text)
+    if count is None:
         return None, "is not a whole number"
     if count <= 0:
         return None, IS_ZERO if count == 0 else "is negative: not a count"
