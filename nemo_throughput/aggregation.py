@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from nemo_throughput import distributed
 from nemo_throughput.run_stats import COLUMNS, rank_rows
-from nemo_throughput.timing import StepTimes
 from nemo_throughput.text import package_logger
+from nemo_throughput.timing import StepTimes
 
 __all__ = ["Exchange", "FinalSteps", "Gathered", "step_times", "steps_tensor"]
 

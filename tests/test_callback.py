@@ -499,6 +499,21 @@ def test_a_profile_window_outside_the_measured_run_is_refused_before_training(tm
         fit_demo(tmp_path, quiet_trainer_kwargs, steps=12, warmup_steps=2, profile_steps=window)
 
 
+def test_a_window_the_run_cannot_hold_is_one_line_at_train_start_from_hydra(tmp_path, quiet_trainer_kwargs):
+    """Refused at train start, where the last step is known, as a setting refused at set-up is: from
+    `+callbacks=throughput`, one line (SystemExit through Lightning's handler), not a traceback."""
+    import pytorch_lightning as pl
+
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), profile_steps=[30, 32])
+    callback.from_hydra_config = True  # as the `+callbacks=throughput` factory makes it
+    trainer = pl.Trainer(max_steps=3, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
+    with pytest.raises(SystemExit) as stopped:
+        trainer.fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
+    assert stopped.value.code == ("nemo-throughput: profile_steps [30, 32]: this run measures no step to profile "
+                                  "(steps 1-3 are all warm-up, warmup_steps 10); train more steps, lower "
+                                  "warmup_steps, or drop profile_steps")
+
+
 def test_an_mfu_above_100_percent_is_nulled_flagged_and_warned_naming_the_likely_causes(tmp_path,
                                                                                        quiet_trainer_kwargs, caplog):
     """A peak of 1 kFLOP/s per GPU (as a peak given in the wrong unit would be): no CPU step is that slow."""

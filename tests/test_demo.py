@@ -98,21 +98,14 @@ def test_demo_refuses_an_output_dir_under_a_file_or_holding_an_earlier_run(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides, said_line", [
-    (["callbacks.throughput.profile_mode=nsys", "callbacks.throughput.profile_steps=[2,2]"],
-     "nemo-throughput: profile_mode 'nsys' needs a CUDA device (Nsight Systems traces CUDA), got cpu; "
-     "use profile_mode 'torch' on this device"),
-    # refused at train start, where the last step is known: 3 steps, all of them warm-up
-    (["callbacks.throughput.profile_steps=[30,32]"],
-     "nemo-throughput: profile_steps [30, 32]: this run measures no step to profile (steps 1-3 are all warm-up, "
-     "warmup_steps 10); train more steps, lower warmup_steps, or drop profile_steps"),
-], ids=["at set-up", "at train start"])
-def test_a_setup_failure_ends_the_demo_with_one_line_not_a_traceback(tmp_path, overrides, said_line):
-    result = nemo_throughput_cli("demo", "--steps", "3", "--output-dir", tmp_path / "run", *overrides,
+def test_a_setup_failure_ends_the_demo_with_one_line_not_a_traceback(tmp_path):
+    result = nemo_throughput_cli("demo", "--steps", "3", "--output-dir", tmp_path / "run",
+                                 "callbacks.throughput.profile_mode=nsys", "callbacks.throughput.profile_steps=[2,2]",
                                  cwd=tmp_path, timeout=180)
     assert result.returncode != 0
-    said = [line for line in result.stderr.splitlines() if line.startswith("nemo-throughput: profile")]
-    assert said == [said_line]  # once, from rank 0
+    said = [line for line in result.stderr.splitlines() if "needs a CUDA device" in line]
+    assert said == ["nemo-throughput: profile_mode 'nsys' needs a CUDA device (Nsight Systems traces CUDA), got cpu; "
+                    "use profile_mode 'torch' on this device"]  # once, from rank 0
     logs = "".join(path.read_text() for path in (tmp_path / "run").glob("*.log"))
     assert "Traceback" not in result.stdout + result.stderr + logs and "HYDRA_FULL_ERROR" not in result.stderr
 

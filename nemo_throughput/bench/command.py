@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from nemo_throughput.bench.render import render
-from nemo_throughput.bench.trials import CONDITIONS, DEVICES, SIZES, parse_conditions, run_bench
+from nemo_throughput.bench.trials import DEFAULT_CONDITIONS, DEVICES, SIZES, parse_conditions, run_bench
 from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
 from nemo_throughput.text import printable
 from nemo_throughput.window import SYNTAX, Window
@@ -29,7 +29,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--window", help=f"steps timed, as report and import take them: {SYNTAX}; from step 2 "
                                         "on (default: the last three quarters)")
     bench.add_argument("--rounds", type=int, default=3, help="rounds of all conditions (3)")
-    bench.add_argument("--conditions", help="comma-separated subset of the conditions")
+    bench.add_argument("--conditions", help="comma-separated conditions (default: all but the diagnostic "
+                       "ones, nemo-throughput-slow-nvml and nemo-throughput-idle-gpu)")
     bench.add_argument("--no-sync-count", action="store_true", help="skip the CUDA synchronization-count trials")
     bench.add_argument("--format", choices=("table", "json"), default="table")
     bench.add_argument("--output", type=Path, help="write the table (or JSON) to this file instead of stdout, as "
@@ -46,7 +47,7 @@ def run_command(args: argparse.Namespace) -> int:
         return _run_log_step_command(args)
     try:
         window = Window.parse(args.window) if args.window else None
-        conditions = parse_conditions(args.conditions) if args.conditions else CONDITIONS
+        conditions = parse_conditions(args.conditions) if args.conditions else DEFAULT_CONDITIONS
         if args.steps < 2 or args.rounds < 1:
             raise ValueError("--steps must be at least 2 and --rounds at least 1")
         if args.output:

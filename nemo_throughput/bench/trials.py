@@ -39,6 +39,8 @@ SIZES = {
 CONDITIONS = ("no-callback", "nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
               "nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu", "lightning-throughput-monitor",
               "nemo-timing-callback")
+DIAGNOSTICS = ("nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu")  # run only when named (--conditions)
+DEFAULT_CONDITIONS = tuple(name for name in CONDITIONS if name not in DIAGNOSTICS)
 DEVICES = ("auto", "cpu", "cuda")
 LOG_EVERY_N_STEPS = 10  # nemo-throughput's setting in the bench (its default)
 
@@ -80,7 +82,7 @@ def clock_steps(window: Window, steps: int) -> tuple[int, int]:
 
 
 def run_bench(size: str | None = None, steps: int = 60, window: Window | None = None, rounds: int = 3,
-              conditions: tuple[str, ...] = CONDITIONS, namespace: str | None = None, progress: Any = print,
+              conditions: tuple[str, ...] = DEFAULT_CONDITIONS, namespace: str | None = None, progress: Any = print,
               device: str = "auto", micro_batch_size: int | None = None, count_syncs: bool = True) -> dict[str, Any]:
     """Every runnable condition once per round for `rounds` rounds of `steps` optimizer steps, after one
     untimed warm-up trial; the result as JSON-ready values (step times in s, overheads in %, host time in

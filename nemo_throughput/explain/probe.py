@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import distributed
 from nemo_throughput.environment import gpu_index, node_name
-from nemo_throughput.values import is_int, whole_number
 from nemo_throughput.text import package_logger
+from nemo_throughput.values import is_int, whole_number
 
 if TYPE_CHECKING:
     import torch

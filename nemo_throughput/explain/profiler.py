@@ -59,8 +59,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from nemo_throughput.values import is_number
 from nemo_throughput.text import package_logger
+from nemo_throughput.values import is_number
 
 log = package_logger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from nemo_throughput.environment import package_version
 from nemo_throughput.errors import ReportError
-from nemo_throughput.run_stats import RunStats
 from nemo_throughput.run_facts import RunFacts
+from nemo_throughput.run_stats import RunStats
 from nemo_throughput.summary import ResultRate, build_summary
 from nemo_throughput.text import printable
 from nemo_throughput.values import is_int, is_number, whole_number

@@ -26,8 +26,8 @@ from nemo_throughput.report.fields import (
     shortened,
     shown,
 )
-from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
 from nemo_throughput.run_facts import USER_FLOPS
+from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
 from nemo_throughput.summary import EXPLAINED, STATUSES, outliers_text, read_summary
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import CountedStep, Workload

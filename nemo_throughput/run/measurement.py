@@ -39,8 +39,8 @@ from nemo_throughput.run.startup import DescribeRun, start_run
 from nemo_throughput.run_facts import Learned, RunFacts
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.target import RunClock
-from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, clock_for
 from nemo_throughput.text import package_logger
+from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, clock_for
 
 log = package_logger(__name__)
 
