@@ -272,3 +272,32 @@ def test_a_bridge_writer_that_raises_never_fails_the_run(tmp_path, caplog):
     assert read_json(callback.summary_path)["status"] == "completed"
     assert "the tensorboard_logger logger could not take our metrics (OSError: [Errno 28] No space left" in caplog.text
     assert mlflow.logged  # the writer after the failing one still gets every interval
+
+
+def test_a_slow_tracker_s_time_is_in_the_step_time_and_goodput_does_not_blame_the_data_loader(tmp_path):
+    """A tracker taking 0.3 s per call on log steps: the next step's time counts it (the wall time
+    does), and goodput counts it with the steps, not as the data wait."""
+    import time as clock
+
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback as LightningCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    class Slow(pl.loggers.CSVLogger):  # a tracker whose server answers slowly
+        def log_metrics(self, metrics, step=None):
+            if any(key.startswith("throughput/") for key in metrics):
+                clock.sleep(0.3)
+            super().log_metrics(metrics, step)
+
+    callback = LightningCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=3, warmup_steps=1,
+                                 per_step_jsonl=True)
+    pl.Trainer(max_steps=13, accelerator="cpu", devices=1, logger=Slow(tmp_path / "slow"), enable_progress_bar=False,
+               enable_model_summary=False, enable_checkpointing=False, callbacks=[callback],
+               ).fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
+    rows = list(map(json.loads, open(Path(callback.output_dir) / "steps.jsonl")))
+    held = [row for row in rows if row["step_time_s"] >= 0.3]  # after a log step that handed the tracker metrics
+    assert held and all(row["step"] - 1 in (3, 6, 9, 12) for row in held)
+    goodput = read_json(callback.summary_path)["goodput"]["seconds"]
+    assert goodput["data"] < 0.3 <= goodput["productive"]  # the tracker's time is no data wait

@@ -221,6 +221,8 @@ class Measurement:
         if finished is not None:
             self._reporter.submit(finished.received(), self.facts)  # waits here; splits on the reporting thread
         self._reporter.log_pending()
+        if self._ledger is not None:  # our log step's work and the trackers': goodput's step, not data wait
+            self._ledger.charge(STEP)
         return vote
 
     def validation_start(self) -> None:
@@ -330,7 +332,7 @@ class Measurement:
 
     def _finish(self, status: str, error: str | None, missing: str | None) -> None:
         if self._ledger is not None:
-            self._ledger.switch(DATA)  # the segment's last event: its end
+            self._ledger.charge(STEP)  # the segment's last event, its end; since the last step: ours, as above
         self.publisher.final(self._reporter.summary(self.facts, status, error, final=True), missing)
         self._reporter.close()  # drained before the final exchange: its thread ends now
         if self._ledger is not None:
