@@ -234,23 +234,44 @@ class SummaryFile:
     """One JSON file rewritten in the background while a run goes on.
 
     ``update`` hands the content to a worker thread and returns at once, so the training loop
-    never waits for the disk; a request still waiting is replaced by the newer one. ``close``
-    waits for the worker, then writes the final content on the caller's thread, flushed.
+    never waits for the disk; a request still waiting is replaced by the newer one. ``write_now``
+    writes on the caller's thread (a kill may follow: SIGTERM), and nothing handed over before it
+    is written after it. ``close`` waits for the worker, then writes the final content on the
+    caller's thread, flushed.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self._latest: Any = None
+        self._version = 0  # of the latest content handed over; a write of an older one is skipped
+        self._written = 0  # the version on disk
         self._closed = False
         self._failing = False  # the last background write failed
         self._wakeup = threading.Condition()
+        self._writing = threading.Lock()  # one write at a time, in version order
         self._worker = threading.Thread(target=self._run, name="nemo-throughput-summary", daemon=True)
         self._worker.start()
 
     def update(self, content: dict[str, Any]) -> None:
         with self._wakeup:
+            self._version += 1
             self._latest = content
             self._wakeup.notify()
+
+    def write_now(self, content: dict[str, Any]) -> None:
+        """Write ``content`` before returning (after a background write in progress, never before
+        one of older content that would replace it)."""
+        with self._wakeup:
+            self._version += 1
+            version, self._latest = self._version, None
+        self._write(content, version)
+
+    def _write(self, content: dict[str, Any], version: int) -> None:
+        with self._writing:
+            if version < self._written:
+                return  # newer content is on disk already
+            write_json_atomic(self.path, content, durable=False)
+            self._written = version
 
     def close(self, final: dict[str, Any]) -> None:
         with self._wakeup:
@@ -265,9 +286,9 @@ class SummaryFile:
                 self._wakeup.wait_for(lambda: self._latest is not None or self._closed)
                 if self._closed:
                     return
-                content, self._latest = self._latest, None
+                content, version, self._latest = self._latest, self._version, None
             try:
-                write_json_atomic(self.path, content, durable=False)
+                self._write(content, version)
             except (OSError, ValueError) as error:  # the run goes on; the final write will tell
                 if not self._failing:  # once, not every interval of a long full-disk spell
                     log.warning("nemo-throughput: could not write %s: %s; it keeps its last good version, "

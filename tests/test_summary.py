@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import read_json
 from nemo_throughput.flops import ModelSpec
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.summary import SCHEMA, SummaryFile, append_jsonl, read_summary, write_json_atomic
@@ -238,3 +239,19 @@ def test_a_disk_that_fills_up_mid_run_leaves_the_last_good_summary_and_whole_lin
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]  # no half line
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) < 40
     assert (out / "steps.jsonl").read_text().endswith("\n")
+
+
+def test_a_summary_written_now_is_never_replaced_by_an_older_one_the_worker_held(tmp_path):
+    """At SIGTERM the interrupted summary is written on the watch's thread (a kill may follow): a
+    running one the background writer had taken, or had still waiting, is never written after it."""
+    for attempt in range(50):
+        path = tmp_path / f"summary{attempt}.json"
+        file = SummaryFile(path)
+        file.update({"status": "running", "attempt": attempt})
+        if attempt % 2:
+            time.sleep(0.0005)  # the worker may be writing it by now
+        file.write_now({"status": "interrupted", "attempt": attempt})
+        assert read_json(path)["status"] == "interrupted"  # written before write_now returned
+        time.sleep(0.002)  # whatever the worker held is done
+        assert read_json(path)["status"] == "interrupted", attempt
+        file.close({"status": "interrupted", "attempt": attempt, "final": True})

@@ -109,8 +109,8 @@ class Publisher:
         with self._locked():
             if self._done:
                 return  # the final one is written; never replace it with an older one
-            if self.rank == 0:
-                self._publish(summary)
+            if self.rank == 0:  # on this thread: a kill may follow
+                self._publish(summary, now=True)
             else:
                 self._write_rank_file(summary, durable=False)
 
@@ -124,9 +124,16 @@ class Publisher:
                      f"steps after {absorbed_through}: written when SIGTERM arrived, before the final exchange "
                      "across ranks")
 
-    def _publish(self, summary: dict[str, Any]) -> None:
-        """Rank 0: a running or interrupted summary, to its file (in the background) and the endpoint."""
-        self._file.update(summary)
+    def _publish(self, summary: dict[str, Any], now: bool = False) -> None:
+        """Rank 0: a running or interrupted summary, to its file (in the background, or ``now`` on this
+        thread) and the endpoint."""
+        if now:
+            try:
+                self._file.write_now(summary)
+            except (OSError, ValueError) as error:  # never raise from here (an exception event, SIGTERM)
+                log.warning("nemo-throughput: could not write %s: %s", printable(self.summary_path), error)
+        else:
+            self._file.update(summary)
         if self.endpoint is not None:
             self.endpoint.summary(summary)
 
