@@ -25,6 +25,8 @@ LOGGED_METRICS = (
     Metric("step_time_s", "s", "the interval's mean global (slowest-rank) step time"),
     Metric("slowest_rank", "rank", "the rank longest before its first collective in the interval"),
     Metric("straggler_excess_pct", "%", "the run's slowest rank so far: its time above the median rank's"),
+    Metric("logging_s", "s", "our log step's work and the trackers' calls the device waited for, mean over the "
+                 "interval's steps and ranks"),
     Metric("data_s", "s", "waiting for the batch, mean over the interval's steps and ranks"),
     Metric("forward_s", "s", "forward, mean over the interval's steps and ranks"),
     Metric("backward_s", "s", "backward and gradient reduction, mean over the interval's steps and ranks"),

@@ -2,7 +2,7 @@
 
 The callback and ``nemo-throughput import`` count steps with this one arithmetic; without torch,
 `import` starts in a fraction of a second instead of seconds. An interval arrives as rows
-``[rank][step] = [step, step_s, data_s, forward_s, backward_s, optimizer_s]`` (:data:`COLUMNS`,
+``[rank][step] = [step, step_s, logging_s, data_s, forward_s, backward_s, optimizer_s, ...]`` (:data:`COLUMNS`,
 seconds; NaN: phase not observed); the callback converts its gathered tensor once
 (``tensor.tolist()``), the importers build the rows with :func:`rank_rows`.
 

@@ -4,7 +4,10 @@ One step is one optimizer step, measured from the end of the previous step to th
 one, so data loading and the optimizer are inside it: this is "seconds per step" as the
 benchmark literature uses it. Inside the step, marks split it into phases:
 
-    previous end -> start ........ data: waiting for the first micro-batch
+    previous end -> logged ....... logging: our own log step's work after the previous step (the
+                                   exchange, the loggers' and trackers' calls); 0 on other steps
+    logged (or previous end)
+           -> start .............. data: waiting for the first micro-batch
     start -> backward ............ forward: all forward work (and, with gradient accumulation,
                                    the local backward of earlier micro-batches)
     backward -> optimizer ........ backward of the last micro-batch, including the gradient
@@ -30,8 +33,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 if TYPE_CHECKING:
     import torch
 
-START, BACKWARD, OPTIMIZER = "start", "backward", "optimizer"  # marks inside a step
-PHASE_TIMES = ("data_s", "forward_s", "backward_s", "optimizer_s")  # durations between the marks
+LOGGED, START, BACKWARD, OPTIMIZER = "logged", "start", "backward", "optimizer"  # marks inside a step
+PHASE_TIMES = ("logging_s", "data_s", "forward_s", "backward_s", "optimizer_s")  # durations between the marks
 # What one rank's micro-batches of a step held, where they were counted (batches.TokenCounter):
 # real tokens, token slots (padding included) and the sum over sequences of length squared.
 BATCH_COUNTS = ("tokens", "slots", "seqlen_sq")
@@ -111,6 +114,7 @@ class StepTimes(NamedTuple):
 
     step: int
     step_s: float
+    logging_s: float | None = None
     data_s: float | None = None
     forward_s: float | None = None
     backward_s: float | None = None
@@ -163,7 +167,8 @@ class StepTimer:
         self._marks = {}
 
     def mark(self, name: str) -> None:
-        """Mark START, BACKWARD or OPTIMIZER in the step in progress; START keeps its first, others their last."""
+        """Mark LOGGED, START, BACKWARD or OPTIMIZER in the step in progress; START keeps its first,
+        others their last."""
         if name == START and START in self._marks:
             return
         replaced = self._marks.get(name)
@@ -211,11 +216,14 @@ class StepTimer:
 
     def _read(self, s: _RecordedStep) -> StepTimes:
         seconds, marks = self.clock.seconds, s.marks
-        chain = (s.anchor, marks.get(START), marks.get(BACKWARD), marks.get(OPTIMIZER), s.end)
-        # Each phase is measured between the marks that bound it; a missing mark leaves it None.
-        phases = [
+        logged = marks.get(LOGGED)
+        chain = (logged or s.anchor, marks.get(START), marks.get(BACKWARD), marks.get(OPTIMIZER), s.end)
+        # Each phase is measured between the marks that bound it; a missing mark leaves it None. A
+        # step after no log step of ours has no LOGGED mark: its logging phase is 0.
+        logging_s = seconds(s.anchor, logged) if logged is not None else 0.0
+        phases = [logging_s, *(
             seconds(a, b) if a is not None and b is not None else None
             for a, b in itertools.pairwise(chain)
-        ]
+        )]
         counts = s.counts.read() if s.counts is not None else ()
         return StepTimes(s.step, seconds(s.anchor, s.end), *phases, *counts)

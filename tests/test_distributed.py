@@ -86,7 +86,8 @@ ABSENT_S = 60  # how long an absent rank stays alive without taking part
 
 
 def made_steps(first, last, rank):
-    return [StepTimes(n, 1.0 + rank + n / 100, 0.1, 0.2, 0.3, 0.4) for n in range(first, last + 1)]
+    return [StepTimes(n, 1.0 + rank + n / 100, data_s=0.1, forward_s=0.2, backward_s=0.3, optimizer_s=0.4)
+            for n in range(first, last + 1)]
 
 
 def _final_exchange_worker(rank, port, scenario, results):

@@ -35,8 +35,10 @@ def real_summary(label: str, nodes: int = 1, step_s: float = 1.0, peak: float | 
                      num_gpus=8 * nodes, num_nodes=nodes, dtype="bf16", peak_tflops=peak,
                      peak_source="table:H100 SXM")
     stats = RunStats(world_size=2, warmup_steps=0)
-    stats.add(steps_tensor([[StepTimes(i + 1, step_s, 0.01, 0.3 * step_s, 0.6 * step_s, 0.05) for i in range(3)],
-                            [StepTimes(i + 1, step_s, 0.02, 0.25 * step_s, 0.65 * step_s, 0.05) for i in range(3)]]))
+    stats.add(steps_tensor([[StepTimes(i + 1, step_s, data_s=0.01, forward_s=0.3 * step_s, backward_s=0.6 * step_s,
+                                       optimizer_s=0.05) for i in range(3)],
+                            [StepTimes(i + 1, step_s, data_s=0.02, forward_s=0.25 * step_s, backward_s=0.65 * step_s,
+                                       optimizer_s=0.05) for i in range(3)]]))
     return build_summary(facts, stats, "completed")
 
 
@@ -166,8 +168,8 @@ def test_a_summary_of_this_version_without_telemetry_shows_its_phases_only(tmp_p
     assert group_header.endswith("days for 1T tokens")  # no new column
     assert "Where the step time goes" in text
     step_header = text.split("Where the step time goes")[1].split("\n\n")[1].splitlines()[0]
-    assert step_header.split() == ["label", "model", "nodes", "GPUs", "step", "time", "s", "data", "s", "forward",
-                                   "s", "backward", "s", "optimizer", "s"]
+    assert step_header.split() == ["label", "model", "nodes", "GPUs", "step", "time", "s", "logging", "s", "data", "s",
+                                   "forward", "s", "backward", "s", "optimizer", "s"]
     (row,) = json.loads(render(report, "json"))["step_time"]
     assert row["data_s"] == pytest.approx(0.015) and row["forward_s"] == pytest.approx(0.275)
     assert row["compute_share"] is None and "probe" not in json.loads(render(report, "json"))

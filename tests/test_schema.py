@@ -43,8 +43,10 @@ def facts(**changes) -> RunFacts:
 
 def measured_stats() -> RunStats:
     stats = RunStats(world_size=2, warmup_steps=0)
-    stats.add(steps_tensor([[StepTimes(i + 1, 1.0, 0.01, 0.3, 0.6, 0.05) for i in range(3)],
-                            [StepTimes(i + 1, 1.0, 0.02, 0.35, 0.55, 0.05) for i in range(3)]]))
+    stats.add(steps_tensor([[StepTimes(i + 1, 1.0, data_s=0.01, forward_s=0.3, backward_s=0.6, optimizer_s=0.05)
+                             for i in range(3)],
+                            [StepTimes(i + 1, 1.0, data_s=0.02, forward_s=0.35, backward_s=0.55, optimizer_s=0.05)
+                             for i in range(3)]]))
     return stats
 
 

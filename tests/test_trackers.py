@@ -276,7 +276,7 @@ def test_a_bridge_writer_that_raises_never_fails_the_run(tmp_path, caplog):
 
 def test_a_slow_tracker_s_time_is_in_the_step_time_and_goodput_does_not_blame_the_data_loader(tmp_path):
     """A tracker taking 0.3 s per call on log steps: the next step's time counts it (the wall time
-    does), and goodput counts it with the steps, not as the data wait."""
+    does), in its logging phase, not its data wait; goodput counts it with the steps, not as data."""
     import time as clock
 
     import pytorch_lightning as pl
@@ -299,5 +299,12 @@ def test_a_slow_tracker_s_time_is_in_the_step_time_and_goodput_does_not_blame_th
     rows = list(map(json.loads, open(Path(callback.output_dir) / "steps.jsonl")))
     held = [row for row in rows if row["step_time_s"] >= 0.3]  # after a log step that handed the tracker metrics
     assert held and all(row["step"] - 1 in (3, 6, 9, 12) for row in held)
-    goodput = read_json(callback.summary_path)["goodput"]["seconds"]
+    # The step's logging phase holds it, not its data wait; only a step after a log step has one.
+    assert all(rank["logging_s"] >= 0.3 and rank["data_s"] < 0.3 for row in held for rank in row["ranks"])
+    after_log_step = [row["step"] - 1 in (3, 6, 9, 12) for row in rows]
+    assert [rank["logging_s"] > 0 for row in rows for rank in row["ranks"]] == after_log_step
+    summary = read_json(callback.summary_path)
+    breakdown = summary["timing"]["breakdown_s"]
+    assert breakdown["logging"] > breakdown["data"]
+    goodput = summary["goodput"]["seconds"]
     assert goodput["data"] < 0.3 <= goodput["productive"]  # the tracker's time is no data wait

@@ -17,6 +17,7 @@ from nemo_throughput.report.runs import PHASES, PROFILE_FRACTIONS, ReportError, 
 from nemo_throughput.report.time_to_train import TrainGroup, time_to_train_records
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import days_to_train
+from nemo_throughput.timing import PHASE_TIMES
 
 
 @dataclass
@@ -53,7 +54,8 @@ class Group:
     communication_share: float | None = None  # collectives, overlapped with compute or not
     exposed_communication_share: float | None = None  # collectives while no compute ran
     idle_share: float | None = None
-    data_s: float | None = None  # the step's phases, mean over ranks (and runs)
+    logging_s: float | None = None  # the step's phases (timing.PHASE_TIMES), mean over ranks (and runs)
+    data_s: float | None = None
     forward_s: float | None = None
     backward_s: float | None = None
     optimizer_s: float | None = None
@@ -94,7 +96,7 @@ COLUMN_FAMILIES = (("network",), ("communication_share",), ("exposed_communicati
                    ("straggler_rank", "straggler_host", "straggler_gpu_index", "straggler_metric",
                     "straggler_excess_pct"))
 SHARES = ("compute_share", "communication_share", "exposed_communication_share", "idle_share")
-PHASE_FIELDS = ("data_s", "forward_s", "backward_s", "optimizer_s")
+PHASE_FIELDS = PHASE_TIMES
 STEP_TIME_FIELDS = ("label", "model", "num_nodes", "num_gpus", "step_time_s", *SHARES, *PHASE_FIELDS)
 PROBE_FIELDS = ("op", "bytes", "label", "model", "num_nodes", "num_gpus", "busbw_gbps")
 PROBE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv")  # the probe's order

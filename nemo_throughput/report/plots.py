@@ -16,7 +16,7 @@ IMAGE_SUFFIXES = (".png", ".svg", ".pdf")  # what matplotlib writes without extr
 # The profiled window's shares that add up to the whole (overlapped communication hides in compute).
 STACKED_SHARES = (("compute_share", "compute", "C0"), ("exposed_communication_share", "exposed communication", "C3"),
                   ("idle_share", "idle", "C7"))
-PHASE_COLORS = {"data_s": "C7", "forward_s": "C0", "backward_s": "C2", "optimizer_s": "C1"}
+PHASE_COLORS = {"logging_s": "C4", "data_s": "C7", "forward_s": "C0", "backward_s": "C2", "optimizer_s": "C1"}
 
 
 def _pyplot() -> tuple[Any, Any]:

@@ -153,7 +153,7 @@ def _step_time_rows(report: Report) -> tuple[list[str], list[list[str]], set[int
         for row, g in zip(rows, report.groups, strict=True):
             row.insert(1, _text(g.network))
     families = ((SHARES, ("compute %", "communication %", "exposed comm. %", "idle %"), _percent),
-                (PHASE_FIELDS, ("data s", "forward s", "backward s", "optimizer s"), lambda v: _number(v, ".3f")))
+                (PHASE_FIELDS, tuple(f"{name.removesuffix('_s')} s" for name in PHASE_FIELDS), lambda v: _number(v, ".3f")))
     for names, titles, cell in families:
         if any(getattr(g, name) is not None for g in report.groups for name in names):
             header += titles

@@ -32,6 +32,7 @@ from nemo_throughput.summary import EXPLAINED, STATUSES, outliers_text, read_sum
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import CountedStep, Workload
 from nemo_throughput.window import Window
+from nemo_throughput.timing import PHASE_TIMES
 
 
 class IncompleteRun(ReportError):
@@ -39,7 +40,7 @@ class IncompleteRun(ReportError):
 
 
 PROFILE_FRACTIONS = ("compute", "communication", "exposed_communication", "idle")  # communication.fractions
-PHASES = ("data", "forward", "backward", "optimizer")  # timing.breakdown_s
+PHASES = tuple(name.removesuffix("_s") for name in PHASE_TIMES)  # timing.breakdown_s
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from nemo_throughput.run_facts import Learned, RunFacts
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.target import RunClock
 from nemo_throughput.text import package_logger
-from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, clock_for
+from nemo_throughput.timing import BACKWARD, LOGGED, OPTIMIZER, START, StepTimer, clock_for
 
 log = package_logger(__name__)
 
@@ -221,7 +221,10 @@ class Measurement:
         if finished is not None:
             self._reporter.submit(finished.received(), self.facts)  # waits here; splits on the reporting thread
         self._reporter.log_pending()
-        if self._ledger is not None:  # our log step's work and the trackers': goodput's step, not data wait
+        # Our log step's work and the trackers' calls: the next step's logging phase, not its data
+        # wait; goodput's step time, not data.
+        self._timer.mark(LOGGED)
+        if self._ledger is not None:
             self._ledger.charge(STEP)
         return vote
 
