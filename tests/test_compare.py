@@ -546,3 +546,29 @@ def test_exit_status_of_the_installed_command(tmp_path):
     assert nemo_throughput_cli("compare", base, base, timeout=120).returncode == 0
     missing = nemo_throughput_cli("compare", base, tmp_path / "missing", timeout=120)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_a_different_model_shape_lists_each_field_that_differs(tmp_path, capsys):
+    base = write_summary(tmp_path / "base" / "summary.json", step_times=[1.0] * 5)
+    cand = write_summary(tmp_path / "cand" / "summary.json", step_times=[1.0] * 5, spec=LARGE)
+    code, _, err = compare(base, cand, capsys=capsys)
+    assert code == 2 and "  model shape: num_layers: 12 (baseline) vs 24 (candidate)" in err
+    assert "model shape: vocab_size" not in err  # the same on both sides
+
+
+@pytest.mark.invalid_summaries
+def test_a_model_spec_nested_too_deeply_is_refused(tmp_path, capsys):
+    path = write_summary(tmp_path / "deep" / "summary.json", step_times=[1.0] * 5)
+    text = path.read_text().replace('"spec": {', '"spec": {"x": ' + "[" * 5000 + "]" * 5000 + ', ', 1)
+    path.write_text(text)
+    code, _, err = compare(path, path, capsys=capsys)
+    assert code == 2 and str(path) in err and "Traceback" not in err
+
+
+def test_repeats_without_spread_are_named(tmp_path, capsys):
+    base = tmp_path / "base"
+    for index in range(3):
+        write_summary(base / f"run{index}" / "summary.json", step_times=[1.0] * 5)
+    code, document, err = compare_json(base, base, capsys=capsys)
+    assert code == 0 and set(verdicts(document).values()) == {NO_CHANGE}
+    assert "the baseline's 3 runs have the same mean step time" in err

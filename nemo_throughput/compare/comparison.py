@@ -96,7 +96,10 @@ def compare(baseline: Side, candidate: Side, metrics: list[str] | None = None,
         raise ReportError("the baseline and the candidate are not the same configuration:\n  "
                           + "\n  ".join(difference_text(d) for d in found)
                           + "\ncompare the same configuration, or give --allow-different to compare anyway")
-    notes = []
+    notes = [f"the {role}'s {len(side.runs)} runs have the same mean step time: a spread of 0 narrows the interval "
+             "to the other side's noise (rounded log values?)"
+             for role, side in (("baseline", baseline), ("candidate", candidate))
+             if len(side.runs) > 1 and len({run.step_time_s for run in side.runs}) == 1]
     names = metrics or default_metrics(baseline, candidate, notes)
     compared = [compare_metric(METRICS[name], baseline, candidate, threshold_pct) for name in names]
     return Comparison(baseline, candidate, threshold_pct, compared, found, unknown, notes)

@@ -142,9 +142,13 @@ def _distinct_run_ids(runs: list[Run], documents: list[dict[str, Any]]) -> list[
 def configuration_of(run: Run, document: dict[str, Any]) -> dict[str, Any]:
     """What must be equal for two runs to be compared; None where the summary does not know."""
     spec = document.get("model", {}).get("spec")
+    try:
+        _canonical(spec)
+    except (ValueError, RecursionError):
+        raise ReportError(f"{printable(run.path)}: model.spec cannot be compared (nested too deeply)") from None
     return {
         "model": None if run.model == UNKNOWN else run.model,
-        "model shape": json.dumps(spec, sort_keys=True) if isinstance(spec, dict) else None,
+        "model shape": spec if isinstance(spec, dict) else None,
         "FLOPs per sample": run.flops_per_sample,
         "global batch": run.global_batch_size,
         "sequence length": run.seq_length if run.unit == "tokens" else "none (rated in samples/s)",
@@ -158,7 +162,7 @@ def configuration_of(run: Run, document: dict[str, Any]) -> dict[str, Any]:
 def _one_configuration(given: str, runs: list[Run], documents: list[dict[str, Any]]) -> dict[str, Any]:
     """The side's configuration; ReportError naming each file's values when its runs differ."""
     configurations = [configuration_of(run, document) for run, document in zip(runs, documents, strict=True)]
-    differing = [name for name in CONFIGURATION if len({repr(c[name]) for c in configurations}) > 1]
+    differing = [name for name in CONFIGURATION if len({_canonical(c[name]) for c in configurations}) > 1]
     if differing:
         lines = "\n  ".join(f"{printable(run.path)}: " + ", ".join(f"{name} {describe(c[name])}" for name in differing)
                              for run, c in zip(runs, configurations, strict=True))
@@ -167,12 +171,18 @@ def _one_configuration(given: str, runs: list[Run], documents: list[dict[str, An
     return configurations[0]
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 def describe(value: Any) -> str:
     """A configuration value as printed: unknown, a number, or printable text."""
     if value is None:
         return UNKNOWN
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, dict):
+        return printable(_canonical(value))
     return printable(value)
 
 
@@ -184,7 +194,10 @@ def differences(baseline: Side, candidate: Side) -> tuple[list[dict[str, Any]], 
         base, cand = baseline.configuration[name], candidate.configuration[name]
         if base is None and cand is None:
             unknown.append(name)
-        elif base != cand:
+        elif isinstance(base, dict) and isinstance(cand, dict):  # the model shape: each field that differs
+            found += [{"field": f"{name}: {key}", "baseline": base.get(key), "candidate": cand.get(key)}
+                      for key in sorted({*base, *cand}) if _canonical(base.get(key)) != _canonical(cand.get(key))]
+        elif _canonical(base) != _canonical(cand):
             found.append({"field": name, "baseline": base, "candidate": cand})
     return found, unknown
 
