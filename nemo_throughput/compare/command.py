@@ -65,7 +65,7 @@ def run_compare(args: argparse.Namespace) -> int:
     except ReportError as error:
         say(f"nemo-throughput compare: {error}")
         return UNUSABLE
-    for note in [*baseline.notes, *candidate.notes, *comparison.notes]:
+    for note in dict.fromkeys([*baseline.notes, *candidate.notes, *comparison.notes]):  # a run on both sides: once
         say(f"note: {note}")
     shared = set(baseline.run_ids) & set(candidate.run_ids)
     if shared:
