@@ -572,3 +572,13 @@ def test_repeats_without_spread_are_named(tmp_path, capsys):
     code, document, err = compare_json(base, base, capsys=capsys)
     assert code == 0 and set(verdicts(document).values()) == {NO_CHANGE}
     assert "the baseline's 3 runs have the same mean step time" in err
+
+
+def test_help_prints_its_percent_signs(capsys):
+    """argparse formats help with %: a bare one would break `nemo-throughput --help`."""
+    for argv in (["--help"], ["compare", "--help"]):
+        with pytest.raises(SystemExit) as caught:
+            main(argv)
+        assert caught.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a 95 % interval and a verdict" in out and "with its 95 % interval" in out and "%%" not in out

@@ -22,7 +22,7 @@ NOT_SLOWER, SLOWER, UNUSABLE = 0, 1, 2
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "compare", help="is a candidate slower than a baseline? repeats, a 95 % interval and a verdict, for CI",
+        "compare", help="is a candidate slower than a baseline? repeats, a 95 %% interval and a verdict, for CI",
         description="Compares tokens/s (or samples/s), step time and MFU of a candidate with a baseline, each a "
                     "summary or a directory of summaries that are repeats of one configuration (measured or "
                     "imported). Per metric: each side's mean over its runs, the change in percent with its 95 % "
