@@ -1,7 +1,7 @@
 """The ``nemo-throughput`` command: each feature module registers its subcommand and handler.
 
 Every module imported here (and what it imports at its top) stays free of torch, Lightning,
-matplotlib and Megatron: `--help`, `launch`, `report` and `import` then start in a fraction of a
+matplotlib and Megatron: `--help`, `launch`, `report`, `compare` and `import` then start in a fraction of a
 second. Handlers import them where they are used (tests/test_cli_startup.py checks)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from nemo_throughput.bench import command as bench
+from nemo_throughput.compare import command as compare
 from nemo_throughput.demo import command as demo
 from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import probe_command as probe
@@ -39,9 +40,9 @@ def _is_window(text: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line, every subcommand registered (the CLI reference page is made from it)."""
     parser = _Parser(prog="nemo-throughput", description="Step time, tokens/s and MFU for "
-                                     "NeMo / Megatron GPT pretraining: demo, launch, report, import, bench.")
+                                     "NeMo / Megatron GPT pretraining: demo, launch, report, compare, import, bench.")
     commands = parser.add_subparsers(dest="command", required=True)
-    for feature in (demo, launch, report, importers, bench, probe):
+    for feature in (demo, launch, report, compare, importers, bench, probe):
         feature.add_parsers(commands)
     return parser
 

@@ -2,7 +2,7 @@
 
 Not a timing test (the machine is shared): each command runs for real in a fresh interpreter, which
 then reports what it imported. Loading torch alone takes seconds; that is what kept `--help`,
-`launch`, `report` and `import` from starting in under half a second.
+`launch`, `report`, `compare` and `import` from starting in under half a second.
 """
 
 import json
@@ -79,6 +79,7 @@ def test_import_of_real_mlperf_results_loads_only_the_mlperf_logger(tmp_path):
     (["launch", "slurm", "--help"], "usage: nemo-throughput launch slurm"),
     (["launch", "k8s", "--help"], "usage: nemo-throughput launch k8s"),
     (["report", "--help"], "usage: nemo-throughput report"),
+    (["compare", "--help"], "usage: nemo-throughput compare"),
     (["import", "--help"], "usage: nemo-throughput import"),
     (["demo", "--help"], "usage: nemo-throughput demo"),
     (["bench", "--help"], "usage: nemo-throughput bench"),
@@ -95,6 +96,13 @@ def test_report_on_real_summaries_loads_nothing_heavy(imported_runs, tmp_path):
     result = run_cli(["report", str(imported_runs)], tmp_path)
     assert result["code"] == 0, result["stderr"]
     assert "bare-metal" in result["stdout"]
+    assert result["loaded"] == []
+
+
+def test_compare_of_real_summaries_loads_nothing_heavy(imported_runs, tmp_path):
+    result = run_cli(["compare", str(imported_runs), str(imported_runs)], tmp_path)
+    assert result["code"] == 0, result["stderr"]
+    assert "inconclusive" in result["stdout"]
     assert result["loaded"] == []
 
 

@@ -1,0 +1,266 @@
+"""The two sides of a comparison: each a summary, or a directory of summaries that are repeats of
+one configuration. Summaries are read as `report` reads them (report.runs.load_run: every field
+checked, the schema after); this module adds what a comparison needs on top: only regular files
+of a sane size are opened, a run is never counted twice, the repeats are of one configuration,
+and a single run's counted steps are found for its noise."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import stat
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_throughput.compare.stats import BATCHES_NEEDED, MIN_BATCH_STEPS
+from nemo_throughput.errors import ReportError
+from nemo_throughput.report.fields import is_count, is_positive_finite, shown
+from nemo_throughput.report.runs import IncompleteRun, Run, find_summaries, load_run, read_steps_jsonl
+from nemo_throughput.summary import STEPS_FILE, read_summary
+from nemo_throughput.text import printable
+from nemo_throughput.window import Window
+
+MAX_SUMMARY_BYTES = 64 * 1024 ** 2  # a summary with every step of a long imported log is a few MiB
+MAX_STEPS_BYTES = 256 * 1024 ** 2  # steps.jsonl: every rank's phases per step
+MAX_RUNS = 1000  # summaries on one side: repeats, not a file system
+UNKNOWN = "unknown"
+# What makes two runs the same configuration, in the order differences are listed.
+CONFIGURATION = ("model", "model shape", "FLOPs per sample", "global batch", "sequence length", "GPUs", "nodes",
+                 "GPU model", "dtype")
+
+
+@dataclass
+class Side:
+    """One side: its completed runs, one configuration; `step_times`: its single run's counted
+    steps in step order (None: several runs, or not known, `steps_note` says why)."""
+
+    given: str  # the path as the user gave it
+    runs: list[Run]
+    run_ids: list[str]
+    configuration: dict[str, Any]  # CONFIGURATION -> value (None: not known)
+    step_times: list[float] | None = None
+    steps_note: str | None = None
+    notes: list[str] = field(default_factory=list)  # for stderr: runs left out, outliers
+
+    @property
+    def labels(self) -> list[str]:
+        return sorted({run.label for run in self.runs})
+
+
+def load_side(given: str) -> Side:
+    """The completed runs under `given` (a summary file or a directory of them); ReportError naming
+    the file when any is unusable, when none completed, or when they are not one configuration."""
+    paths = summary_paths(given)
+    runs, documents, notes = [], [], []
+    for path in paths:
+        try:
+            run, document = _load(path)
+        except IncompleteRun as note:
+            notes.append(f"left out: {note}")
+            continue
+        notes += run.notes
+        runs.append(run)
+        documents.append(document)
+    if not runs:
+        raise ReportError(f"{given}: no completed run to compare (runs that did not complete are left out)")
+    run_ids = _distinct_run_ids(runs, documents)
+    configuration = _one_configuration(given, runs, documents)
+    side = Side(given, runs, run_ids, configuration, notes=notes)
+    if len(runs) == 1:
+        side.step_times, side.steps_note = counted_steps(runs[0], documents[0])
+        if side.step_times is not None and len(side.step_times) < BATCHES_NEEDED * MIN_BATCH_STEPS:
+            side.steps_note = (f"its {len(side.step_times)} counted step(s) are too few to estimate its noise (batch "
+                               f"means need {BATCHES_NEEDED * MIN_BATCH_STEPS})")
+    return side
+
+
+def summary_paths(given: str) -> list[Path]:
+    """The summary files `given` names: itself, or every summary.json under a directory; each a
+    regular file (never a FIFO, which would block, or a device) of at most MAX_SUMMARY_BYTES."""
+    path = Path(given)
+    try:
+        os.stat(path)
+    except OSError as error:
+        raise ReportError(f"{printable(given)}: cannot read it ({error.strerror or error})") from None
+    paths, problems = find_summaries([given])
+    if problems:
+        raise problems[0]
+    if len(paths) > MAX_RUNS:
+        raise ReportError(f"{printable(given)}: {len(paths)} summaries; a side holds the repeats of one "
+                          f"configuration, at most {MAX_RUNS}")
+    for found in paths:
+        require_regular_file(found, MAX_SUMMARY_BYTES, "summary")
+    return paths
+
+
+def require_regular_file(path: Path, limit: int, what: str) -> None:
+    """ReportError unless `path` (its link followed) is a regular file of at most `limit` bytes."""
+    try:
+        status = os.stat(path)
+    except OSError as error:
+        raise ReportError(f"{printable(path)}: cannot read it ({error.strerror or error})") from None
+    if stat.S_ISDIR(status.st_mode):
+        raise ReportError(f"{printable(path)}: a directory, not a {what} file")
+    if not stat.S_ISREG(status.st_mode):
+        raise ReportError(f"{printable(path)}: not a regular file (a FIFO, socket or device?); give the {what} file")
+    if status.st_size > limit:
+        raise ReportError(f"{printable(path)}: {status.st_size:,} bytes, more than a {what} holds "
+                          f"({limit // 1024 ** 2} MiB at most)")
+
+
+def _load(path: Path) -> tuple[Run, dict[str, Any]]:
+    """The run as report reads it, and its summary's JSON (for what the run does not keep)."""
+    try:
+        document = read_summary(path)
+    except (ValueError, RecursionError):
+        document = None  # load_run says what is wrong with it, naming the field
+    if isinstance(document, dict) and isinstance(document.get("time_to_train"), dict):
+        raise ReportError(f"{printable(path)}: a time-to-train result (MLPerf); compare compares throughput runs "
+                          "(nemo-throughput report shows time to train)")
+    run = load_run(path)
+    if not isinstance(document, dict):
+        raise ReportError(f"{printable(path)}: changed while it was read; run the comparison again")
+    return run, document
+
+
+def _distinct_run_ids(runs: list[Run], documents: list[dict[str, Any]]) -> list[str]:
+    """Each run once: a copy of a summary counted as a repeat would make the noise look smaller."""
+    seen: dict[str, Path] = {}
+    for run, document in zip(runs, documents, strict=True):
+        run_id = document["run"]["id"]
+        if run_id in seen:
+            raise ReportError(f"{printable(seen[run_id])} and {printable(run.path)} are the same run (run.id "
+                              f"{printable(run_id)}): a copy counted as a repeat would understate the noise; keep one")
+        seen[run_id] = run.path
+    return list(seen)
+
+
+def configuration_of(run: Run, document: dict[str, Any]) -> dict[str, Any]:
+    """What must be equal for two runs to be compared; None where the summary does not know."""
+    spec = document.get("model", {}).get("spec")
+    try:
+        _canonical(spec)
+    except (ValueError, RecursionError):
+        raise ReportError(f"{printable(run.path)}: model.spec cannot be compared (nested too deeply)") from None
+    return {
+        "model": None if run.model == UNKNOWN else run.model,
+        "model shape": spec if isinstance(spec, dict) else None,
+        "FLOPs per sample": run.flops_per_sample,
+        "global batch": run.global_batch_size,
+        "sequence length": run.seq_length if run.unit == "tokens" else "none (rated in samples/s)",
+        "GPUs": run.num_gpus,
+        "nodes": run.num_nodes,
+        "GPU model": None if run.gpu_name == UNKNOWN else run.gpu_name,
+        "dtype": run.dtype,
+    }
+
+
+def _one_configuration(given: str, runs: list[Run], documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The side's configuration; ReportError naming each file's values when its runs differ."""
+    configurations = [configuration_of(run, document) for run, document in zip(runs, documents, strict=True)]
+    differing = [name for name in CONFIGURATION if len({_canonical(c[name]) for c in configurations}) > 1]
+    if differing:
+        lines = "\n  ".join(f"{printable(run.path)}: " + ", ".join(f"{name} {describe(c[name])}" for name in differing)
+                             for run, c in zip(runs, configurations, strict=True))
+        raise ReportError(f"{printable(given)}: its runs are not repeats of one configuration (they differ in "
+                          f"{', '.join(differing)}); give each configuration its own directory:\n  {lines}")
+    return configurations[0]
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def describe(value: Any) -> str:
+    """A configuration value as printed: unknown, a number, or printable text."""
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict):
+        return printable(_canonical(value))
+    return printable(value)
+
+
+def differences(baseline: Side, candidate: Side) -> tuple[list[dict[str, Any]], list[str]]:
+    """(each configuration value that differs, or is known on one side only; the names known on
+    neither side, which nothing can check)."""
+    found, unknown = [], []
+    for name in CONFIGURATION:
+        base, cand = baseline.configuration[name], candidate.configuration[name]
+        if base is None and cand is None:
+            unknown.append(name)
+        elif isinstance(base, dict) and isinstance(cand, dict):  # the model shape: each field that differs
+            found += [{"field": f"{name}: {key}", "baseline": base.get(key), "candidate": cand.get(key)}
+                      for key in sorted({*base, *cand}) if _canonical(base.get(key)) != _canonical(cand.get(key))]
+        elif _canonical(base) != _canonical(cand):
+            found.append({"field": name, "baseline": base, "candidate": cand})
+    return found, unknown
+
+
+def counted_steps(run: Run, document: dict[str, Any]) -> tuple[list[float] | None, str | None]:
+    """The global time of each step the run's mean counts, in step order, from an imported log's
+    timing.steps or the callback's steps.jsonl; (None, why) where the summary holds none or they do
+    not give the summary's own mean and count (another run's file, a file cut short)."""
+    timing = document["timing"]
+    if timing.get("steps"):
+        steps, source = _window_steps(run.path, timing), "timing.steps"
+    elif _has_complete_jsonl(document):
+        steps, source = _jsonl_steps(run), STEPS_FILE
+        if steps is None:
+            return None, f"its {STEPS_FILE} is missing"
+    else:
+        return None, "the summary holds no per-step times (the callback writes them with per_step_jsonl=true)"
+    times = [seconds for _, seconds in steps]
+    if len(times) != run.steps_counted or not math.isclose(statistics.fmean(times), run.step_time_s, rel_tol=1e-6):
+        return None, (f"its {source} ({len(times)} steps) do not give its mean step time over its "
+                      f"{run.steps_counted} counted steps (a file of another run, or cut short?)")
+    return times, None
+
+
+def _window_steps(path: Path, timing: dict[str, Any]) -> list[tuple[int, float]]:
+    """An imported summary's steps inside its own window (timing.window)."""
+    rows = timing["steps"]
+    if not isinstance(rows, list):
+        raise ReportError(f"{printable(path)}: timing.steps is {shown(rows)}; it must be a list of [step, seconds]")
+    for index, row in enumerate(rows):
+        if not (isinstance(row, list) and len(row) == 2 and is_count(row[0]) and is_positive_finite(row[1])):
+            raise ReportError(f"{printable(path)}: timing.steps[{index}] is {shown(row)}; it must be "
+                              "[step >= 1, positive finite step time in s]")
+    window = timing.get("window")
+    try:
+        selected = Window.parse(window).select(_in_order(path, rows)) if isinstance(window, str) else None
+    except ReportError:
+        selected = None
+    if selected is None:
+        raise ReportError(f"{printable(path)}: timing.window is {shown(window)}; it must be a step window, e.g. 11:")
+    return selected
+
+
+def _has_complete_jsonl(document: dict[str, Any]) -> bool:
+    record = (document.get("files") or {}).get("steps_jsonl")
+    return isinstance(record, dict) and record.get("complete") is True
+
+
+def _jsonl_steps(run: Run) -> list[tuple[int, float]] | None:
+    """The last steps_counted steps of steps.jsonl beside the summary (warm-up steps come first;
+    profiled and skipped ones are left out by read_steps_jsonl, as the statistics leave them out)."""
+    jsonl = run.path.parent / STEPS_FILE
+    if not os.path.lexists(jsonl):
+        return None
+    require_regular_file(jsonl, MAX_STEPS_BYTES, STEPS_FILE)
+    steps, _ = read_steps_jsonl(jsonl)
+    return _in_order(jsonl, steps)[-run.steps_counted:]
+
+
+def _in_order(where: Path, steps: list) -> list[tuple[int, float]]:
+    """Sorted by step; a step twice (two runs in one file) is refused."""
+    ordered = sorted((step, float(seconds)) for step, seconds in steps)
+    for (before, _), (after, _) in itertools.pairwise(ordered):
+        if before == after:
+            raise ReportError(f"{printable(where)}: step {after} appears more than once (two runs in one file?)")
+    return ordered
