@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import nemo_throughput_cli
-from nemo_throughput.bench.stats import Condition, paired_overhead_pct, t_quantile_975
+from nemo_throughput.bench.stats import Condition, paired_overhead_pct
 from nemo_throughput.bench.trials import SIZES, _model_cfg, clock_steps, default_window, resolve_device
 from nemo_throughput.window import Window
 
@@ -147,20 +147,13 @@ def test_model_sizes_and_micro_batch_override():
         _model_cfg("gpt3-175b")
 
 
-def test_t_quantiles():
-    assert t_quantile_975(1) == 12.706 and t_quantile_975(4) == 2.776 and t_quantile_975(30) == 2.042
-    assert t_quantile_975(40) == 2.021 and t_quantile_975(100) == 1.980 and t_quantile_975(10_000) == 1.960
-    with pytest.raises(ValueError, match="at least 1"):
-        t_quantile_975(0)
-
-
 def test_paired_overhead_mean_and_confidence_interval():
     # per round: +1 %, +2 %, 0 %: mean 1, sample sd 1, half-width t(2) / sqrt(3) = 4.303 / 1.732
     overhead = paired_overhead_pct([1.01, 0.51, 2.0], [1.0, 0.5, 2.0])
     assert overhead["per_round"] == pytest.approx([1.0, 2.0, 0.0])
     assert overhead["mean"] == pytest.approx(1.0)
     half = 4.303 / math.sqrt(3)
-    assert overhead["ci95"] == pytest.approx([1.0 - half, 1.0 + half])
+    assert overhead["ci95"] == pytest.approx([1.0 - half, 1.0 + half], abs=1e-3)
     assert paired_overhead_pct([1.1], [1.0]) == {"per_round": pytest.approx([10.0]), "mean": pytest.approx(10.0),
                                                  "ci95": None}
     assert paired_overhead_pct([], []) is None

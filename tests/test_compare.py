@@ -20,14 +20,12 @@ from nemo_throughput.compare.stats import (
     batch_means_error,
     interval,
     one_run_noise,
-    regularized_beta,
     runs_noise,
-    t_cdf,
-    t_quantile,
 )
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.run_stats import RunStats, rank_rows
+from nemo_throughput.student_t import regularized_beta, t_cdf, t_quantile
 from nemo_throughput.summary import STEPS_FILE, build_summary, write_json_atomic
 from nemo_throughput.timing import StepTimes
 

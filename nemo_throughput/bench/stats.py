@@ -8,21 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-# Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom (beyond: the normal's 1.96 and
-# the usual steps in between)
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t_quantile_975(degrees_of_freedom: int) -> float:
-    """Student's t 97.5 % quantile (the half-width factor of a two-sided 95 % interval)."""
-    if degrees_of_freedom < 1:
-        raise ValueError(f"degrees of freedom must be at least 1, got {degrees_of_freedom}")
-    if degrees_of_freedom <= len(_T975):
-        return _T975[degrees_of_freedom - 1]
-    return 2.021 if degrees_of_freedom <= 40 else 2.000 if degrees_of_freedom <= 60 else (
-        1.980 if degrees_of_freedom <= 120 else 1.960)
-
+from nemo_throughput.student_t import t_quantile
 
 def paired_overhead_pct(step_times_s: list[float], baseline_s: list[float]) -> dict[str, Any] | None:
     """Overhead of a condition against the baseline, round by round (rounds interleave the conditions,
@@ -36,7 +22,7 @@ def paired_overhead_pct(step_times_s: list[float], baseline_s: list[float]) -> d
     mean = statistics.fmean(per_round)
     if len(per_round) < 2:
         return {"per_round": per_round, "mean": mean, "ci95": None}
-    half = t_quantile_975(len(per_round) - 1) * statistics.stdev(per_round) / math.sqrt(len(per_round))
+    half = t_quantile(0.975, len(per_round) - 1) * statistics.stdev(per_round) / math.sqrt(len(per_round))
     return {"per_round": per_round, "mean": mean, "ci95": [mean - half, mean + half]}
 
 
