@@ -187,6 +187,9 @@ class BatchCounting:
         if self._rank == 0:
             log.warning(uncounted_warning(self._learned.batch_layout or self._facts.batch_layout, why,
                                           self._facts.workload.tokens_per_step))
+        else:  # rank 0 learns only that a micro-batch here was bad: the why is told here, once
+            log.warning("nemo-throughput: rank %d: %s; the run counts the config's tokens (rank 0 says so)",
+                        self._rank, why)
 
     def step_done(self) -> StepCounts | None:
         """The step ended: its counts (None where not counted), the copy to the host enqueued."""
@@ -236,5 +239,5 @@ class CheckedBatches:
             return None
         ranks = sorted(self._ranks)
         listed = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
-        told = "; its log and summary say why" if self._problems & HOST else ""
+        told = "; its log says why" if self._problems & HOST else ""
         return f"{problems_text(self._problems, key)} (rank{'s' if len(ranks) > 1 else ''} {listed}{told})"

@@ -8,6 +8,9 @@ import csv
 import itertools
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -491,3 +494,28 @@ def test_a_run_on_segment_id_masks_counts_each_packed_sequence(tmp_path, quiet_t
     assert summary["batch"]["layout"] == "padded" and summary["batch"]["uncounted"] is None
     assert summary["batch"]["uncounted_batches"] == 0 and not warned
     assert all(row["ranks"][0]["bad_batches"] == 0 for row in rows)
+
+
+# ----------------------------------------------------------------------------- two ranks
+@pytest.mark.slow
+@pytest.mark.parametrize("bad, why", [
+    ("order", "cu_seqlens_unpadded not monotonic (rank 1)"),
+    ("unreadable", "a micro-batch could not be read (rank 1; its log says why)"),
+])
+def test_one_ranks_bad_micro_batch_makes_the_run_count_the_config(tmp_path, bad, why):
+    """Rank 1's micro-batch of step 6 is bad: found on its device (read with the step's counts) or on its
+    host, it reaches rank 0 with the exchanged steps; the summary counts the config's tokens, says why
+    and that one micro-batch was bad; rank 0 warns once, rank 1 says why it could not read it."""
+    script = Path(__file__).parent / "scripts" / "train_packed.py"
+    done = subprocess.run([sys.executable, str(script), "--output-dir", str(tmp_path), "--bad", bad],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    summary = read_json(tmp_path / "summary.json")
+    batch = summary["batch"]
+    assert batch["layout"] == "packed" and batch["token_count"] == "config" and batch["counted"] is None
+    assert batch["uncounted"] == why and batch["uncounted_batches"] == 1
+    step_s = summary["timing"]["step_time_s"]["mean"]
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(2 * 16 / step_s, rel=1e-12)
+    assert output.count("padding included") == 1 and ("rank 1: cu_seqlens_unpadded is list" in output) == \
+        (bad == "unreadable")
