@@ -116,7 +116,9 @@ class Learned:
     """What a measured run learns after set-up, each field None until learned: the batches' layout
     as the first one shows it, why packed or padded batches could not be counted and where they are
     counted from, a measured FLOPs count. Written on the training thread only; other threads get
-    :meth:`facts`, a frozen snapshot."""
+    :meth:`facts`, a frozen snapshot. What the device's checks of the batches find, and any rank's
+    bad micro-batches, arrive with the exchanged steps on the reporting thread, which keeps them
+    itself (batches.CheckedBatches) and adds them to the facts it reports (run.reporting)."""
 
     batch_layout: str | None = None
     batch_uncounted: str | None = None
