@@ -10,7 +10,8 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
   run_stats (the statistics, plain Python), distributed (is a process group up; the set-up
   collectives), aggregation (the cross-rank exchange), summary (the run summary), environment and
   redact (where a run ran, secrets left out), target (time to target),
-  batches (a batch's layout; packed and padded batches counted), goodput (a segment's ledger, the
+  batches (a batch's layout; packed and padded batches counted), batch_checks (a micro-batch's lengths
+  read and checked on the device), goodput (a segment's ledger, the
   run's goodput across restarts), signals (SIGTERM), background (the reporting thread),
   progress (an interval's live line, the loggers' metrics and steps.jsonl rows), prometheus (the
   live /metrics endpoint), outputs (where commands write), presets

@@ -2,9 +2,11 @@
 
 :func:`batch_layout` reads a batch's keys and shapes only. :class:`TokenCounter` counts packed and
 padded batches' real tokens and sum over sequences of length squared on the device, where the
-batch is, and hands each step's counts to the host behind the step's own end mark: no step waits
-for the device to count (docs/measurement.md, "Packed and padded batches"). :class:`BatchCounting`
-is a run's: the layout its batches show, and their counts step by step."""
+batch is, checks their values there (batch_checks), and hands each step's counts to the host
+behind the step's own end mark: no step waits for the device to count (docs/configuration.md,
+"Packed and padded batches"). :class:`BatchCounting` is a run's: the layout its batches show,
+checked on every micro-batch, and their counts step by step. :class:`CheckedBatches` gathers what
+the exchanged steps of every rank say of bad micro-batches, on the reporting thread."""
 
 from __future__ import annotations
 
@@ -13,34 +15,27 @@ from typing import Any
 
 import torch
 
+from nemo_throughput.batch_checks import HOST, MASK_KEY, PACKED_KEYS, TOKEN_KEYS, problems_text, read_micro_batch
 from nemo_throughput.text import package_logger
 
 log = package_logger(__name__)
 
 FIXED, PACKED, PADDED = "fixed", "packed", "padded"
-# NeMo 2's packed-sequence batches carry cu_seqlens (-1 padded); Megatron-Bridge's and Transformer
-# Engine's cu_seqlens_q / cu_seqlens_kv.
-PACKED_KEYS = ("cu_seqlens", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_unpadded")
-TOKEN_KEYS = ("input_ids", "tokens")
-# Where a packed batch's sequence lengths are read, first present first: NeMo's unpadded boundaries
-# leave out each sequence's padding (its cu_seqlens count the pack's tail padding as a sequence).
-LENGTH_KEYS = ("cu_seqlens_unpadded", "cu_seqlens", "cu_seqlens_q")
-MASK_KEY = "attention_mask"
 
 
 def batch_layout(batch: Any) -> str | None:
     """PACKED (cumulative sequence lengths: several sequences per row), PADDED (a 2-D attention
-    mask the shape of the tokens: rows padded to a common length), FIXED (token rows without
-    either), or None when the hook was handed no batch it can read (Megatron strategies pass an
-    iterator)."""
+    mask beside the token rows: padding, or segment ids of sequences packed in a row), FIXED
+    (token rows without either; a 4-D mask says nothing of padding), or None when the hook was
+    handed no batch it can read (Megatron strategies pass an iterator)."""
     if isinstance(batch, Mapping):
         if any(key in batch for key in PACKED_KEYS):
             return PACKED
         tokens = next((batch[key] for key in TOKEN_KEYS if key in batch), None)
-        mask = batch.get("attention_mask")
-        if _shape(mask) is not None and len(_shape(mask)) == 2 and _shape(mask) == _shape(tokens):
-            return PADDED
-        return FIXED if _shape(tokens) is not None else None
+        if _shape(tokens) is None:
+            return None
+        mask = _shape(batch.get(MASK_KEY))
+        return PADDED if mask is not None and len(mask) == 2 else FIXED  # one unlike the tokens: not counted
     if _shape(batch) is not None:
         return FIXED
     if isinstance(batch, (list, tuple)) and batch and all(_shape(item) is not None for item in batch):
@@ -57,9 +52,10 @@ Count = int | torch.Tensor  # a Python int, or a scalar tensor on the batch's de
 
 
 class StepCounts:
-    """One step's counts on one rank (:data:`~nemo_throughput.timing.BATCH_COUNTS`; None: not
-    counted). Device values are copied to the host when the step ends, without waiting; :meth:`read`
-    is called once the step's end mark completed (the copy was enqueued before it)."""
+    """One step's counts on one rank (:data:`~nemo_throughput.timing.BATCH_COUNTS` then
+    :data:`~nemo_throughput.timing.BATCH_CHECKS`; None: not counted). Device values are copied to
+    the host when the step ends, without waiting; :meth:`read` is called once the step's end mark
+    completed (the copy was enqueued before it)."""
 
     def __init__(self, counts: tuple[Count | None, ...]) -> None:
         on_device = [value for value in counts if isinstance(value, torch.Tensor)]
@@ -77,76 +73,66 @@ class StepCounts:
 
 
 class TokenCounter:
-    """Counts each step's real tokens, token slots (padding included) and sum over sequences of
-    length squared (the attention FLOPs' term) from its micro-batches: a packed batch's lengths from
-    its cumulative sequence lengths (-1 padding ignored), a padded batch's from its attention mask's
-    rows. Slots come from shapes, on the host; the rest is a few device operations per micro-batch,
-    kept on the device until the step ends.
+    """Counts each step's real tokens, token slots (padding included), sum over sequences of
+    length squared (the attention FLOPs' term), micro-batches found bad and the bitmask of their
+    problems (batch_checks.PROBLEMS) from its micro-batches: a packed batch's lengths from its
+    cumulative sequence lengths, a padded batch's from its attention mask's segment ids. Slots come
+    from shapes, on the host; the rest is a few device operations per micro-batch, kept on the
+    device until the step ends.
 
-    ``unreadable`` says why, once a batch of a packed or padded run could not be counted; no step
-    is counted from then on (a step counted in part would be silently wrong)."""
+    ``unreadable`` says why, once a micro-batch could not be read on the host (its step's counts
+    are None, and it counts as bad); every micro-batch is still checked, to count the bad ones."""
 
     def __init__(self) -> None:
         self.unreadable: str | None = None
         self.source: str | None = None  # where the counts come from (a batch key, or a framework's accumulators)
-        self._step: list[Count | None] | None = None  # [tokens, slots, seqlen_sq] of the step so far
+        self._step: list[Count | None] | None = None  # [tokens, slots, seqlen_sq, bad, problems] of the step so far
 
     def add_batch(self, batch: Any) -> None:
         """One micro-batch of the step in progress (a packed or padded one)."""
-        if self.unreadable is not None:
+        read = read_micro_batch(batch)
+        if not isinstance(read, str) and self.source not in (None, read.source):
+            read = f"a micro-batch's lengths come from {read.source}, the run's first from {self.source}"
+        if isinstance(read, str):
+            self.refuse(read)
             return
-        counted = _count(batch)
-        if isinstance(counted, str):
-            self.unreadable, self._step = counted, None
-            return
-        self.source, (lengths, slots) = counted
-        self._add((lengths.sum(), slots, (lengths * lengths).sum()))
+        self.source = read.source
+        self._add((read.tokens, read.slots, read.seqlen_sq, (read.problems != 0).to(torch.int64), read.problems))
+
+    def refuse(self, why: str) -> None:
+        """A micro-batch of the step in progress the host cannot count: ``why``, in words."""
+        self.unreadable = self.unreadable or why
+        self._add((None, None, None, 1, HOST))
+
+    def checked(self) -> None:
+        """A micro-batch whose layout was checked, and nothing else (fixed-length batches)."""
+        self._add((None, None, None, 0, 0))
 
     def add_counts(self, slots: Count, seqlen_sq: Count, source: str) -> None:
         """A framework's own counts of the step (Megatron-Bridge's FLOPs accumulators): token slots
-        and sum of squared lengths; real tokens unknown."""
+        and sum of squared lengths; real tokens unknown, no batch checked."""
         self.source = source
-        self._add((None, slots, seqlen_sq))
+        self._add((None, slots, seqlen_sq, None, 0))
 
     def _add(self, counts: tuple[Count | None, ...]) -> None:
         if self._step is None:
             self._step = list(counts)
             return
-        self._step = [None if a is None or b is None else a + b for a, b in zip(self._step, counts, strict=True)]
+        summed = [None if a is None or b is None else a + b for a, b in zip(self._step[:-1], counts[:-1], strict=True)]
+        self._step = [*summed, self._step[-1] | counts[-1]]  # the problems' bitmask: or, not sum
 
     def step_done(self) -> StepCounts | None:
-        """The step ended: its counts (None when nothing was counted), the copy to the host enqueued."""
+        """The step ended: its counts (None when no micro-batch was seen), the copy to the host enqueued."""
         counted, self._step = self._step, None
-        return StepCounts(tuple(counted)) if counted is not None and self.unreadable is None else None
-
-
-def _count(batch: Any) -> tuple[str, tuple[torch.Tensor, int]] | str:
-    """(source, (sequence lengths on the device, token slots)) of a packed or padded micro-batch,
-    or why they cannot be read."""
-    if not isinstance(batch, Mapping):
-        return f"a micro-batch is a {type(batch).__name__}, not a mapping of named tensors"
-    key = next((key for key in LENGTH_KEYS if key in batch), None)
-    values = batch.get(key) if key is not None else batch.get(MASK_KEY)
-    tokens = next((batch[name] for name in TOKEN_KEYS if name in batch), values if key is None else None)
-    if not isinstance(values, torch.Tensor) or values.is_floating_point() and key is not None:
-        return f"{key or MASK_KEY} is {type(values).__name__}, not an integer tensor"
-    if _shape(tokens) is None:
-        return f"{key} came without the token rows ({' or '.join(TOKEN_KEYS)}) that give the slots"
-    slots = 1
-    for size in _shape(tokens):
-        slots *= size
-    if key is not None:  # cumulative boundaries per row, -1 after the last
-        bounds = values.to(torch.int64)
-        return key, ((bounds[..., 1:] - bounds[..., :-1]).clamp(min=0), slots)
-    if values.dim() != 2:
-        return f"{MASK_KEY} has {values.dim()} dimensions, not [rows, tokens]"
-    return MASK_KEY, ((values != 0).sum(dim=1, dtype=torch.int64), slots)
+        return StepCounts(tuple(counted)) if counted is not None else None
 
 
 class BatchCounting:
-    """A run's batches, told by its adapter: the layout the first one shows, and where the batches
-    are packed or padded their counts (:class:`TokenCounter`), step by step. What it learns goes
-    into the run's ``learned`` facts (run_facts.Learned), on the training thread.
+    """A run's batches, told by its adapter: the layout the first one shows, checked on every
+    micro-batch after it, and where the batches are packed or padded their counts
+    (:class:`TokenCounter`), step by step. What it learns goes into the run's ``learned`` facts
+    (run_facts.Learned), on the training thread; what the device's checks find comes back with the
+    exchanged steps, to the reporting thread (:class:`CheckedBatches`).
 
     ``facts``: the set-up's (run_facts.RunFacts): their ``batch_layout`` is what the framework's
     data config says; a run whose samples are not token sequences is not counted."""
@@ -154,6 +140,7 @@ class BatchCounting:
     def __init__(self, facts: Any, learned: Any, rank: int) -> None:
         self._facts, self._learned, self._rank = facts, learned, rank
         self._counter: TokenCounter | None = None
+        self._layout: str | None = None  # the first batch's, every micro-batch's must be; None: not checked
 
     def seen(self, layout: str | None) -> None:
         """The first training batch's layout (:func:`batch_layout`); None (no readable batch) keeps
@@ -162,22 +149,29 @@ class BatchCounting:
         padding: the summary and a warning say so."""
         if self._facts.seq_length is None:  # samples that are not token sequences
             return
-        if layout in (PACKED, PADDED):
+        self._layout = layout
+        if layout is not None:
             self._learned.batch_layout = layout
             self._counter = TokenCounter()
-        elif layout is None and self._facts.batch_layout in (PACKED, PADDED) and self._counter is None:
+        elif self._facts.batch_layout in (PACKED, PADDED) and self._counter is None:
             self.not_counted(f"the {self._facts.batch_layout} layout comes from the data config, and the framework "
                              "hands the training hooks no batch to count")
-        elif layout is not None:
-            self._learned.batch_layout = layout
 
     def add_batch(self, batch: Any) -> None:
-        """A micro-batch of the step in progress, counted where the run's batches are packed or padded."""
+        """A micro-batch of the step in progress: its layout checked against the first one's (on the
+        host), and counted and checked (on the device) where the run's batches are packed or padded."""
         counter = self._counter
-        if counter is not None and counter.unreadable is None:
+        if self._layout is None or counter is None:
+            return
+        layout = batch_layout(batch)
+        if layout != self._layout:
+            counter.refuse(f"a micro-batch is {layout or 'unreadable'}, the run's first was {self._layout}")
+        elif layout == FIXED:
+            counter.checked()
+        else:
             counter.add_batch(batch)
-            if counter.unreadable is not None:
-                self.not_counted(counter.unreadable)
+        if counter.unreadable is not None:
+            self.not_counted(counter.unreadable)
 
     def add_counts(self, slots: Count, seqlen_sq: Count, source: str) -> None:
         """A framework's own counts of the step in progress (token slots, sum of squared sequence
@@ -186,14 +180,16 @@ class BatchCounting:
         self._counter.add_counts(slots, seqlen_sq, source)
 
     def not_counted(self, why: str) -> None:
-        """The run's batches are packed or padded, but cannot be counted: ``why``, in words."""
+        """The run's batches cannot be counted: ``why``, in words (the first reason stands, told once)."""
+        if self._learned.batch_uncounted is not None:
+            return
         self._learned.batch_uncounted = why
         if self._rank == 0:
-            log.warning("nemo-throughput: the training batches are %s, but %s: tokens/s, TFLOPS and MFU count global "
-                        "batch x seq_length = %s tokens per step, padding included, and attention as if every sample "
-                        "were seq_length long. Read them as an upper bound (batch.uncounted in the summary).",
-                        self._learned.batch_layout or self._facts.batch_layout, why,
-                        f"{self._facts.workload.tokens_per_step:,}")
+            log.warning(uncounted_warning(self._learned.batch_layout or self._facts.batch_layout, why,
+                                          self._facts.workload.tokens_per_step))
+        else:  # rank 0 learns only that a micro-batch here was bad: the why is told here, once
+            log.warning("nemo-throughput: rank %d: %s; the run counts the config's tokens (rank 0 says so)",
+                        self._rank, why)
 
     def step_done(self) -> StepCounts | None:
         """The step ended: its counts (None where not counted), the copy to the host enqueued."""
@@ -201,6 +197,47 @@ class BatchCounting:
         if counter is None:
             return None
         counts = counter.step_done()
-        if counts is not None and self._learned.batch_count_source is None:
+        if counter.source is not None and self._learned.batch_count_source is None:
             self._learned.batch_count_source = counter.source
         return counts
+
+
+def uncounted_warning(layout: str | None, why: str, tokens_per_step: int | None) -> str:
+    """The one warning of a run whose batches are not counted."""
+    return (f"nemo-throughput: the training batches are {layout}, but {why}: tokens/s, TFLOPS and MFU count global "
+            f"batch x seq_length = {tokens_per_step:,} tokens per step, padding included, and attention as if every "
+            "sample were seq_length long, for the whole run. Read them as an upper bound (batch.uncounted in the "
+            "summary).")
+
+
+class CheckedBatches:
+    """What every rank's exchanged steps (timing.BATCH_CHECKS, warm-up and profiled steps included)
+    say of bad micro-batches: how many, their problems, on which ranks. Kept where the steps are
+    absorbed (the reporting thread; the training thread once that is drained), read there."""
+
+    def __init__(self) -> None:
+        self.bad: int | None = None  # micro-batches found bad, all ranks; None: no step was checked
+        self._problems = 0
+        self._ranks: set[int] = set()
+
+    def add(self, bad: torch.Tensor, problems: torch.Tensor) -> bool:
+        """One interval's ``[ranks, steps]`` bad micro-batches and problems (NaN: not checked);
+        True when these are the run's first bad ones."""
+        checked = ~torch.isnan(bad)
+        if not bool(checked.any()):  # host tensors, from the exchange
+            return False
+        first = not self.bad
+        self.bad = (self.bad or 0) + int(bad[checked].sum())
+        for rank, step in (bad > 0).nonzero().tolist():
+            self._ranks.add(rank)
+            self._problems |= int(problems[rank, step])
+        return first and self.bad > 0
+
+    def why(self, key: str | None) -> str | None:
+        """The problems in words, with the ranks that found them; None without any."""
+        if not self.bad:
+            return None
+        ranks = sorted(self._ranks)
+        listed = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+        told = "; its log says why" if self._problems & HOST else ""
+        return f"{problems_text(self._problems, key)} (rank{'s' if len(ranks) > 1 else ''} {listed}{told})"

@@ -56,6 +56,8 @@ class RunFacts:
     precision_mix: dict[str, Any] | None = None  # an fp8/fp4 run: what its MFU is relative to (run_facts.precision_mix)
     batch_layout: str | None = None  # batches.batch_layout of the first training batch; None: not seen or not readable
     batch_uncounted: str | None = None  # why packed or padded batches were not counted (batches.TokenCounter)
+    # micro-batches found bad, all ranks (batches.CheckedBatches, the reporting's); None: no batch was checked
+    batch_uncounted_batches: int | None = None
     # where packed or padded batches are counted from (a batch key, a framework's accumulators); None: not counted
     batch_count_source: str | None = None
     parallel: dict[str, int] = field(default_factory=dict)
@@ -114,7 +116,9 @@ class Learned:
     """What a measured run learns after set-up, each field None until learned: the batches' layout
     as the first one shows it, why packed or padded batches could not be counted and where they are
     counted from, a measured FLOPs count. Written on the training thread only; other threads get
-    :meth:`facts`, a frozen snapshot."""
+    :meth:`facts`, a frozen snapshot. What the device's checks of the batches find, and any rank's
+    bad micro-batches, arrive with the exchanged steps on the reporting thread, which keeps them
+    itself (batches.CheckedBatches) and adds them to the facts it reports (run.reporting)."""
 
     batch_layout: str | None = None
     batch_uncounted: str | None = None

@@ -120,6 +120,7 @@ def _batch(facts: RunFacts, workload: Workload) -> dict[str, Any]:
         "layout": facts.batch_layout,
         "counted": _counted(counted),
         "uncounted": facts.batch_uncounted,
+        "uncounted_batches": facts.batch_uncounted_batches,
     }
 
 

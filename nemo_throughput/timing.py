@@ -38,6 +38,9 @@ PHASE_TIMES = ("logging_s", "data_s", "forward_s", "backward_s", "optimizer_s") 
 # What one rank's micro-batches of a step held, where they were counted (batches.TokenCounter):
 # real tokens, token slots (padding included) and the sum over sequences of length squared.
 BATCH_COUNTS = ("tokens", "slots", "seqlen_sq")
+# What the checks of those micro-batches found (batch_checks): how many were bad, and the bitmask of
+# their problems (batch_checks.PROBLEMS); exchanged with the counts so that every rank learns of them.
+BATCH_CHECKS = ("bad_batches", "batch_problems")
 
 
 class Clock(Protocol):
@@ -107,7 +110,8 @@ def clock_for(device: torch.device) -> Clock:
 
 class StepTimes(NamedTuple):
     """Durations of one optimizer step on one rank, in seconds (None: phase not observed), and
-    what its batches held where they were counted (:data:`BATCH_COUNTS`; None: not counted).
+    what its batches held where they were counted (:data:`BATCH_COUNTS`; None: not counted) and
+    what their checks found (:data:`BATCH_CHECKS`; None: not checked).
 
     A named tuple, immutable: made for every step on log steps, it costs a fifth of a frozen
     dataclass."""
@@ -122,8 +126,10 @@ class StepTimes(NamedTuple):
     tokens: float | None = None
     slots: float | None = None
     seqlen_sq: float | None = None
+    bad_batches: float | None = None
+    batch_problems: float | None = None
 
-    VALUES = ("step_s", *PHASE_TIMES, *BATCH_COUNTS)
+    VALUES = ("step_s", *PHASE_TIMES, *BATCH_COUNTS, *BATCH_CHECKS)
 
     @property
     def local_s(self) -> float | None:

@@ -381,7 +381,7 @@ def test_a_packed_batch_counts_as_bridges_accumulators_count_it():
         state, batch["tokens"], config_seq_len=16, **{k: v for k, v in batch.items() if k.startswith("cu_")})
     counter = TokenCounter()
     counter.add_batch(batch)
-    tokens, slots, seqlen_sq = counter.step_done().read()
+    tokens, slots, seqlen_sq, *_ = counter.step_done().read()
     assert (slots, seqlen_sq) == (state._flops_seqlen_sum, state._flops_seqlen_sq_sum) == (16, 25 + 9)
     assert tokens == 8
 

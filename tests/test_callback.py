@@ -38,7 +38,7 @@ def test_completed_run_summary_reads_shape_and_batch_from_the_nemo_style_config(
     # batch: global 4 = micro 2 x accumulation 2 (from cfg.model), tokens from the config, not the batch
     assert summary["batch"] == {"global_batch_size": 4, "micro_batch_size": 2, "seq_length": 16,
                                 "tokens_per_step": 64, "token_count": "config", "layout": "fixed", "counted": None,
-                                "uncounted": None}
+                                "uncounted": None, "uncounted_batches": 0}
     spec = summary["model"]["spec"]
     assert (spec["num_layers"], spec["hidden_size"], spec["num_attention_heads"], spec["ffn_hidden_size"],
             spec["seq_length"], spec["vocab_size"], spec["gated_linear_unit"]) == (1, 32, 4, 64, 16, 128, False)

@@ -194,7 +194,8 @@ def test_a_bridge_run_writes_the_lightning_summary_with_skipped_iterations_count
     assert [row["step"] for row in rows if row["skipped"]] == [4, 7]
     assert summary["batch"] == {"global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
                                 "tokens_per_step": 8 * 64, "token_count": "config",
-                                "layout": None, "counted": None, "uncounted": None}  # Bridge's callbacks see no batch
+                                "layout": None, "counted": None, "uncounted": None,
+                                "uncounted_batches": None}  # Bridge's callbacks see no batch
     spec = summary["model"]["spec"]
     shape = (spec["num_layers"], spec["hidden_size"], spec["num_query_groups"], spec["ffn_hidden_size"])
     assert shape == (2, 64, 2, 176)

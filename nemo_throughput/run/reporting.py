@@ -19,18 +19,19 @@ from typing import Any
 import torch
 
 from nemo_throughput.background import OrderedWorker
+from nemo_throughput.batches import CheckedBatches, uncounted_warning
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import FORMULAS, flops_terms
 from nemo_throughput.goodput import RunGoodput
 from nemo_throughput.progress import format_interval, logger_metrics, step_rows
 from nemo_throughput.run.publishing import Publisher
 from nemo_throughput.run_facts import RunFacts, mfu_above_peak_warning
-from nemo_throughput.run_stats import RunStats
+from nemo_throughput.run_stats import COLUMNS, RunStats
 from nemo_throughput.summary import STEPS_FILE, append_jsonl, build_summary
 from nemo_throughput.target import RunClock
 from nemo_throughput.text import package_logger, printable
 from nemo_throughput.throughput import CountedStep, Workload
-from nemo_throughput.timing import BATCH_COUNTS
+from nemo_throughput.timing import BATCH_CHECKS, BATCH_COUNTS
 
 log = package_logger(__name__)
 
@@ -60,6 +61,7 @@ class Reporter:
         self._to_log: deque[tuple[dict[str, float], int]] = deque()  # for the loggers, on the training thread
         self.goodput_pct = math.nan  # rank 0's goodput % as last received (NaN: none yet)
         self.steps_error: str | None = None  # why steps.jsonl stopped (a full disk), on the reporting thread
+        self.checked = CheckedBatches()  # every rank's bad micro-batches, as the steps absorbed say
         self._warned_above_peak = False  # MFU above 100 %: warned once per run
 
     def submit(self, received: Callable[[], tuple[torch.Tensor, torch.Tensor]], facts: RunFacts) -> None:
@@ -78,11 +80,12 @@ class Reporter:
     def summary(self, facts: RunFacts, status: str, error: str | None = None, final: bool = False) -> dict[str, Any]:
         """The summary as of what was absorbed (on the reporting thread, or on the training thread once
         it is drained); ``facts`` as of the log step it reports."""
+        facts = self._reported(facts)
         workload = self.workload(facts)
         explained = self._explain.sections(workload.step_tokens, final=final and self._rank == 0)
         clock = self._clock.clock.section() if self._clock is not None else None
         goodput = self._goodput.section() if self._goodput is not None else None  # its % goes out at log steps
-        return build_summary(self._files(facts), self.stats, status, error, explained,
+        return build_summary(facts, self.stats, status, error, explained,
                              time_to_target=clock, counted=workload.counted, goodput=goodput)
 
     def publish_running(self, facts: RunFacts) -> None:
@@ -94,8 +97,10 @@ class Reporter:
         interval = self.stats.add(steps)
         if extras is not None:
             self.absorb_extras(extras)
+        self._check(steps, facts)
         if interval is None or self._rank not in (0, self._log_rank):
             return
+        facts = self._reported(facts)
         workload = self.workload(facts)
         metrics = workload.metrics(interval.step_time_s)
         straggler, counted = self.stats.straggler(), workload.counted
@@ -133,11 +138,25 @@ class Reporter:
             log.error("nemo-throughput: could not append to %s (%s); it stops here and the summary marks it "
                       "incomplete. Training goes on.", printable(path), error)
 
-    def _files(self, facts: RunFacts) -> RunFacts:
-        """``facts`` with steps.jsonl's state as the reporting has it."""
-        if facts.steps_jsonl is None or self.steps_error is None:
-            return facts
-        return replace(facts, steps_jsonl={**facts.steps_jsonl, "complete": False, "error": self.steps_error})
+    def _check(self, steps: torch.Tensor, facts: RunFacts) -> None:
+        """Every rank's bad micro-batches of one interval (warm-up steps included): from the first,
+        the run counts the config's tokens; rank 0 warns once, unless it found them itself on the
+        host and warned then (``facts`` as of a log step after the interval's steps)."""
+        bad, problems = (steps[..., COLUMNS.index(name)] for name in BATCH_CHECKS)
+        if self.checked.add(bad, problems) and facts.batch_uncounted is None and self._rank == 0:
+            log.warning(uncounted_warning(facts.batch_layout, self.checked.why(facts.batch_count_source),
+                                          facts.workload.tokens_per_step))
+
+    def _reported(self, facts: RunFacts) -> RunFacts:
+        """``facts`` with what the reporting has: steps.jsonl's state, the bad micro-batches of every rank."""
+        changes: dict[str, Any] = {}
+        if facts.steps_jsonl is not None and self.steps_error is not None:
+            changes["steps_jsonl"] = {**facts.steps_jsonl, "complete": False, "error": self.steps_error}
+        if self.checked.bad is not None:
+            changes["batch_uncounted_batches"] = self.checked.bad
+        if facts.batch_uncounted is None and self.checked.bad:
+            changes["batch_uncounted"] = self.checked.why(facts.batch_count_source)
+        return replace(facts, **changes) if changes else facts
 
     def workload(self, facts: RunFacts) -> Workload:
         """The facts' workload, with the steps' counted batches where they were counted."""
