@@ -452,3 +452,88 @@ def test_a_long_output_path_still_fits_the_ledger(tmp_path):
     long_root.start(0, "r", env={})
     assert read_ledger(tmp_path / "b" / LEDGER_FILE).identity["root"] == ""
 
+
+def fit(root, checkpoints, steps, resume_from=None):
+    """A real Lightning run in this process, with the callback, saving a checkpoint every 5 steps; its
+    summary. Its segment starts now (the process started long before: in-process segments would overlap)."""
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    callback = ThroughputCallback(output_dir=str(root), log_every_n_steps=4, warmup_steps=1)
+    saving = pl.callbacks.ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=5, save_top_k=-1)
+    pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+               enable_model_summary=False, callbacks=[callback, saving], default_root_dir=root,
+               ).fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)), ckpt_path=resume_from)
+    return read_json(callback.summary_path)
+
+
+def test_two_runs_in_one_root_each_resumed_continue_their_own_by_their_checkpoints(tmp_path, monkeypatch):
+    """Runs x and y share an output root and both trained past step 10; each resumed from its own
+    checkpoint of step 10 continues its own run (the latest ledger there would have been y's, for both)."""
+    from nemo_throughput import goodput
+
+    monkeypatch.setattr(goodput, "process_start_epoch_s", time.time)
+    root = tmp_path / "root"
+    x = fit(root, tmp_path / "x", 13)
+    y = fit(root, tmp_path / "y", 13)
+    assert x["run"]["id"] != y["run"]["id"]
+    resumed_x = fit(root, tmp_path / "x", 15, resume_from=tmp_path / "x" / "epoch=0-step=10.ckpt")
+    resumed_y = fit(root, tmp_path / "y", 15, resume_from=tmp_path / "y" / "epoch=0-step=10.ckpt")
+    for first, resumed in ((x, resumed_x), (y, resumed_y)):
+        goodput = resumed["goodput"]
+        assert goodput["run_id"] == first["run"]["id"] and goodput["segment"] == 2, goodput
+        assert [row["run_id"] for row in goodput["segments"]] == [first["run"]["id"], resumed["run"]["id"]]
+        assert [row["joined_by"] for row in goodput["segments"]] == [None, "checkpoint"]
+        assert goodput["steps"] == {"trained": 13 + 5, "lost": 3, "last": 15} and goodput["notes"] == []
+    # x's checkpoint of step 10 resumed again, though x's second segment saved step 15: another branch.
+    branch = fit(root, tmp_path / "x", 12, resume_from=tmp_path / "x" / "epoch=0-step=10.ckpt")["goodput"]
+    assert [row["run_id"] for row in branch["segments"]] == [x["run"]["id"], branch["segments"][1]["run_id"]]
+    assert branch["segment"] == 2 and branch["steps"] == {"trained": 13 + 2, "lost": 3, "last": 12}
+    assert len(branch["notes"]) == 1 and "another branch of run " + x["run"]["id"] in branch["notes"][0]
+
+
+def train_one(out, *args):
+    proc = run_train_tiny("--output-dir", out, "--steps", STEPS, "--log-every", 4, "--warmup", 1,
+                          "--checkpoint-every", CHECKPOINT_EVERY, *args, start_new_session=True)
+    output, _ = proc.communicate(timeout=240)
+    return proc.returncode, output
+
+
+def tree(directory):
+    return {path.relative_to(directory): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.slow
+def test_a_run_copied_or_moved_then_resumed_keeps_its_first_segment_and_never_writes_into_the_original(tmp_path):
+    """A run killed after step 13 (checkpoint of 10), its directory copied and the copy resumed: the
+    original is left byte for byte, the copy's goodput.json holds both segments. The original then
+    moved and resumed: its first segment is found where it lies now, not where it ran."""
+    import shutil
+
+    original, copy, moved = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    returncode, output = train_one(original, "--kill-at", KILL_AT)
+    assert returncode == -signal.SIGKILL, output
+    first = read_ledger(original / LEDGER_FILE)
+    before = tree(original)
+    assert RUN_FILE in {str(path) for path in before}  # the killed segment's own goodput.json
+    shutil.copytree(original, copy, symlinks=True)
+
+    returncode, output = train_one(copy, "--resume")
+    assert returncode == 0, output
+    assert tree(original) == before
+    goodput = json.loads((copy / RUN_FILE).read_text())
+    assert goodput["run_id"] == first.run_id and [row["dir"] for row in goodput["segments"]][0] == str(copy)
+    assert [row["joined_by"] for row in goodput["segments"]] == [None, "checkpoint"]
+    assert goodput["steps"] == {"trained": KILL_AT + STEPS - 10, "lost": 3, "last": STEPS}
+    copy_segment = goodput["segments"][1]["run_id"]
+
+    original.rename(moved)
+    returncode, output = train_one(moved, "--resume")
+    assert returncode == 0, output
+    goodput = json.loads((moved / RUN_FILE).read_text())
+    assert goodput["run_id"] == first.run_id and goodput["segments"][0]["dir"] == str(moved)
+    assert len(goodput["segments"]) == 2 and copy_segment not in [row["run_id"] for row in goodput["segments"]]
+    assert goodput["steps"]["lost"] == 3 and goodput["notes"] == []
