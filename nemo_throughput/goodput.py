@@ -6,12 +6,11 @@ data, validation, checkpoint saves) and the last step finished, in a small file 
 An event is one clock read and a few stores into that memory; the kernel keeps the pages when the
 process is killed (SIGKILL included), so a dead segment's ledger is exact to its last event.
 
-A segment that continues an earlier one (a requeued Slurm job, a restarted Kubernetes pod, a resume
-from a checkpoint into the same output directory) finds that one's ledger beside its own and takes
-its run id; :func:`stitch` joins a run's ledgers into the run's goodput (the measurement writes it
-to ``goodput.json`` in the first segment's directory): steps trained after a segment's last
-checkpoint and trained again after the restart are lost, and the time between segments is the
-restart's.
+A segment that continues an earlier one (a resume from a checkpoint, a requeued Slurm job, a
+restarted Kubernetes pod) takes its run id (goodput_segments says which run it continues);
+:func:`stitch` joins a run's segments into the run's goodput (goodput_run writes it to
+``goodput.json``): steps trained after a segment's last checkpoint and trained again after the
+restart are lost, and the time between segments is the restart's.
 """
 
 from __future__ import annotations
@@ -22,16 +21,10 @@ import mmap
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from nemo_throughput.summary import write_json_atomic
-from nemo_throughput.text import package_logger
-from nemo_throughput.values import whole_number
-
-log = package_logger(__name__)
 
 LEDGER_FILE = "goodput.ledger"
 RUN_FILE = "goodput.json"
@@ -44,6 +37,7 @@ CATEGORIES = ("productive", "startup", "data", "validation", "checkpoint", "lost
 
 _MAGIC, _VERSION = b"NTGOODPT", 1
 _SIZE, _IDENTITY_AT = 4096, 1024  # the file: magic, the numbers, then the segment's identity (JSON)
+IDENTITY_BYTES = _SIZE - _IDENTITY_AT  # the most an identity's JSON may take
 _CHECKPOINTS = 16  # the last checkpoints kept: (step, step seconds, data seconds) when each was saved
 # Indices of the numbers (float64) after the magic.
 _STARTED, _LAST, _STATE, _FIRST_STEP, _LAST_STEP, _TOTALS = 0, 1, 2, 3, 4, 5
@@ -109,7 +103,7 @@ class Ledger:
     def start_training(self, first_step: int, identity: Mapping[str, Any]) -> None:
         """Start-up is over; ``identity`` (JSON) says which run and segment this is."""
         text = json.dumps(identity).encode()
-        if len(text) > _SIZE - _IDENTITY_AT:
+        if len(text) > IDENTITY_BYTES:
             raise ValueError(f"goodput identity too long ({len(text)} bytes)")
         self._map[_IDENTITY_AT:] = text.ljust(_SIZE - _IDENTITY_AT)
         self._numbers[_FIRST_STEP] = self._numbers[_LAST_STEP] = first_step
@@ -125,6 +119,11 @@ class Ledger:
         numbers = self._numbers
         numbers[slot], numbers[slot + 1], numbers[slot + 2] = step, self._total(STEP), self._total(DATA)
         self._numbers[_SAVED] = saved + 1
+
+    @property
+    def last_step(self) -> int:
+        """The last step finished (the first step before any; -1 before training)."""
+        return int(self._numbers[_LAST_STEP])
 
     def _total(self, state: int) -> float:
         extra = time.monotonic() - self._since if self._state == state else 0.0
@@ -201,60 +200,12 @@ def _ledger_bytes(path: Path) -> bytes | None:
     return data if len(data) == _SIZE else None
 
 
-def scheduler_key(env: Mapping[str, str] = os.environ) -> tuple[str | None, int]:
-    """(the scheduler's identity of this job, how many times it restarted it): the same across a
-    Slurm requeue (SLURM_RESTART_COUNT) and a Kubernetes pod restart; (None, 0) elsewhere."""
-    if env.get("SLURM_JOB_ID"):
-        array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-        job = f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
-        restarts = env.get("SLURM_RESTART_COUNT", "0")
-        return f"slurm:{env.get('SLURM_CLUSTER_NAME', '')}:{job}", whole_number(restarts) or 0
-    if env.get("KUBERNETES_SERVICE_HOST") and env.get("JOB_NAME"):
-        return f"kubernetes:{env.get('POD_NAMESPACE', '')}/{env['JOB_NAME']}", 0
-    return None, 0
-
-
-def previous_segment(search_root: str | os.PathLike, own_dir: str | os.PathLike, key: str | None, restarts: int,
-                     first_step: int) -> Segment | None:
-    """The segment this one continues: the latest one in ``search_root`` or a directory directly under it
-    with the same scheduler ``key``, when this one resumed from a checkpoint (``first_step`` > 0) or the
-    scheduler restarted it; without a key, the latest one that trained past ``first_step`` > 0 (a resume
-    into the same output directory). None: this segment starts a run."""
-    if first_step <= 0 and restarts <= 0:
-        return None
-    own = Path(own_dir).resolve()
-    segments = [s for s in map(read_ledger, _ledgers_in(search_root)) if s is not None and s.directory.resolve() != own]
-    if key is not None:
-        segments = [s for s in segments if s.identity.get("scheduler_key") == key]
-    else:
-        segments = [s for s in segments if s.identity.get("scheduler_key") is None and s.last_step >= first_step > 0]
-    return max(segments, key=lambda s: s.started_epoch_s, default=None)
-
-
-def run_segments(root: str | os.PathLike, run_id: str) -> list[Segment]:
-    """A run's segments, in their own order (each ledger says which segment of its run it is, so a host
-    whose clock runs behind cannot reorder them), the clock after that: the ledgers of ``run_id`` in
-    the output directory its segments asked for (``root``) and the directories directly under it, where
-    output directories are claimed."""
-    return sorted((s for s in map(read_ledger, _ledgers_in(root)) if s is not None and s.run_id == run_id),
-                  key=_segment_order)
-
-
-def _segment_order(segment: Segment) -> tuple[int, float]:
-    number = segment.identity.get("segment")
-    return (number if isinstance(number, int) and not isinstance(number, bool) else 0, segment.started_epoch_s)
-
-
-def _ledgers_in(root: str | os.PathLike) -> list[Path]:
-    root = Path(root)
-    return [root / LEDGER_FILE, *sorted(root.glob(f"*/{LEDGER_FILE}"))]
-
-
-def stitch(segments: list[Segment]) -> dict[str, Any]:
+def stitch(segments: list[Segment], notes: Sequence[str] = ()) -> dict[str, Any]:
     """The run's goodput from its segments (oldest first): seconds by category (CATEGORIES), the
     goodput share, and each segment's part. A segment's steps after the step the next segments
     resumed from are lost: their step and data seconds, priced at the checkpoint they resumed from
-    (estimated at the segment's mean step where no recorded checkpoint matches, and flagged)."""
+    (estimated at the segment's mean step where no recorded checkpoint matches, and flagged).
+    ``notes``: what joining the segments found ambiguous or missing, kept with the numbers."""
     if not segments:
         raise ValueError("no segments to stitch")
     totals = dict.fromkeys(CATEGORIES, 0.0)
@@ -281,6 +232,7 @@ def stitch(segments: list[Segment]) -> dict[str, Any]:
                      "started_at": _iso(segment.started_epoch_s), "last_event_at": _iso(segment.last_epoch_s),
                      "first_step": segment.first_step, "last_step": segment.last_step, "lost_steps": lost,
                      "lost_s": lost_s["step"] + lost_s["data"], "lost_estimated": estimated,
+                     "joined_by": segment.identity.get("joined_by"),
                      "seconds": dict(segment.seconds)})
     # Each segment's span is its own host's (one clock); between segments, the restarts counted above.
     wall_s = sum(s.last_epoch_s - s.started_epoch_s for s in segments) + totals["restart"]
@@ -295,6 +247,7 @@ def stitch(segments: list[Segment]) -> dict[str, Any]:
                   "last": segments[-1].last_step},
         "segments": rows,
         "clock_notes": clock_notes,
+        "notes": list(notes),
     }
 
 
@@ -312,54 +265,6 @@ def _lost(segment: Segment, resumed: int | None) -> tuple[int, dict[str, float],
         trained = segment.last_step - segment.first_step
         return lost, {state: segment.seconds[state] * lost / trained for state in priced}, True
     return lost, {state: segment.seconds[state] - at[state] for state in priced}, False
-
-
-class RunGoodput:
-    """Rank 0's view of the run's goodput: this segment's ledger (the hot path's), the run it belongs
-    to, and the earlier segments it continues (read once: they are over)."""
-
-    def __init__(self, requested_dir: str | os.PathLike, output_dir: str | os.PathLike) -> None:
-        self.ledger = Ledger(output_dir)
-        self._root, self._output_dir = os.path.abspath(requested_dir), Path(output_dir)
-        self._run_id: str | None = None
-        self._earlier: list[Segment] = []
-        self.goodput_pct = math.nan  # the run's goodput % as of the latest section (NaN: none yet)
-
-    def start(self, steps_done: int, segment_run_id: str, env: Mapping[str, str] = os.environ) -> Segment | None:
-        """Training starts at ``steps_done``: the segment this one continues (None: it starts a run)."""
-        key, restarts = scheduler_key(env)
-        previous = previous_segment(self._root, self._output_dir, key, restarts, steps_done)
-        if previous is not None:
-            self._root = previous.identity["root"]
-            self._earlier = run_segments(self._root, previous.run_id)
-        self._run_id = previous.run_id if previous is not None else segment_run_id
-        self.ledger.start_training(steps_done, {
-            "run_id": self._run_id, "segment_run_id": segment_run_id, "segment": len(self._earlier) + 1,
-            "scheduler_key": key, "restart_count": restarts, "root": self._root})
-        if previous is not None:
-            log.info("nemo-throughput: this run continues run %s (segment %d, resumed at step %d; the last "
-                     "segment reached step %d)", previous.run_id, self.segment, steps_done, previous.last_step)
-        return previous
-
-    @property
-    def segment(self) -> int:
-        return len(self._earlier) + 1
-
-    def section(self) -> dict[str, Any] | None:
-        """The run's goodput so far (stitch), also written to its goodput.json; None before training."""
-        own = read_ledger(self.ledger.path) if self._run_id is not None else None
-        if own is None:
-            return None
-        goodput = stitch([*self._earlier, own])
-        path = (self._earlier[0].directory if self._earlier else self._output_dir) / RUN_FILE
-        try:
-            write_json_atomic(path, goodput, durable=False)
-        except (OSError, ValueError) as error:  # the summary still holds it
-            log.warning("nemo-throughput: could not write %s: %s", path, error)
-        if goodput["goodput_pct"] is not None:
-            self.goodput_pct = goodput["goodput_pct"]
-        return {"file": os.path.relpath(path, self._output_dir), "segment": self.segment,
-                **{key: value for key, value in goodput.items() if key != "schema"}}
 
 
 def _iso(epoch_s: float) -> str:

@@ -10,17 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import nemo_throughput_cli, read_json, run_train_tiny
-from nemo_throughput.goodput import (
-    CATEGORIES,
-    LEDGER_FILE,
-    RUN_FILE,
-    Segment,
-    previous_segment,
-    read_ledger,
-    run_segments,
-    scheduler_key,
-    stitch,
-)
+from nemo_throughput.goodput import CATEGORIES, LEDGER_FILE, RUN_FILE, Segment, read_ledger, stitch
+from nemo_throughput.goodput_segments import previous_segment, run_segments, scheduler_key
 
 STEPS, CHECKPOINT_EVERY, KILL_AT = 20, 5, 13  # log steps 4, 8, 12, 16; checkpoints at 5 and 10
 
@@ -257,3 +248,292 @@ def test_a_host_clock_behind_neither_reorders_the_segments_nor_shrinks_the_wall_
     assert goodput["clock_notes"][0].startswith("segment 2 started ") and "clocks disagree" in goodput["clock_notes"][0]
     assert goodput["wall_s"] == pytest.approx(sum(goodput["seconds"].values()))
     assert 0 < goodput["goodput_pct"] <= 100
+
+
+# ----------------------------------------------------------------------- which run a resume continues
+def ledger_of(directory, run_id, first, last, segment=1, parent=None, checkpoints=(), started=None, key=None):
+    """A segment's ledger as a run writes it, trained from ``first`` to ``last``."""
+    from nemo_throughput.goodput import Ledger
+
+    directory.mkdir(parents=True, exist_ok=True)
+    writer = Ledger(directory, started_epoch_s=started)
+    writer.start_training(first, {"run_id": run_id, "segment_run_id": f"{run_id}-{segment}-{directory.name}",
+                                  "segment": segment, "scheduler_key": key, "parent": parent, "root": "/gone"})
+    for step in range(first + 1, last + 1):
+        writer.step_done(step)
+        if step in checkpoints:
+            writer.checkpoint(step)
+    writer.close()
+    return read_ledger(directory / LEDGER_FILE)
+
+
+def test_two_runs_that_could_each_be_resumed_without_the_checkpoint_s_word_start_a_new_run(tmp_path, caplog):
+    """Two runs in one root trained past step 10; a resume at step 10 whose checkpoint says nothing (a
+    Megatron-Bridge run, a checkpoint of an earlier version) continues neither: a warning names both."""
+    from nemo_throughput.goodput_run import RunGoodput
+    from nemo_throughput.goodput_segments import bind
+
+    ledger_of(tmp_path, "x", 0, 13)
+    ledger_of(tmp_path / "y", "y", 0, 12)
+    with caplog.at_level("WARNING"):
+        binding = bind(tmp_path, tmp_path / "z", None, restarts=0, first_step=10)
+    assert binding.previous is None and binding.earlier == []
+    assert "runs x, y under " in binding.notes[0] and "starts a new run" in binding.notes[0]
+    assert "runs x, y under " in caplog.text
+    (tmp_path / "z").mkdir()
+    run = RunGoodput(tmp_path, tmp_path / "z")
+    assert run.start(10, "z", env={}) is None
+    section = run.section()
+    assert section["run_id"] == "z" and section["segment"] == 1 and "runs x, y" in section["notes"][0]
+    # One run that trained that far is continued, as before.
+    assert bind(tmp_path, tmp_path / "z", None, restarts=0, first_step=13).previous.run_id == "x"
+
+
+def test_the_checkpoint_s_run_is_continued_whatever_else_lies_in_the_root(tmp_path):
+    """The checkpoint names run x and the segment that saved it: x is continued though y is later, and
+    a segment of x whose saver is gone still joins x, saying so; a run with no ledger here starts anew."""
+    from nemo_throughput.goodput_segments import Resumed, bind
+
+    x = ledger_of(tmp_path, "x", 0, 13, checkpoints=(5, 10))
+    ledger_of(tmp_path / "y", "y", 0, 13, checkpoints=(5, 10))  # later, and trained as far
+    resumed = Resumed.from_state({"goodput": {"run_id": "x", "segment_run_id": x.identity["segment_run_id"],
+                                              "step": 10}})
+    binding = bind(tmp_path, tmp_path / "own", None, 0, 10, resumed)
+    assert (binding.previous, binding.earlier, binding.joined_by, binding.notes) == (x, [x], "checkpoint", [])
+    gone = bind(tmp_path, tmp_path / "own", None, 0, 10, Resumed("x", "deleted", 10))
+    assert gone.previous == x and "(deleted) has no ledger" in gone.notes[0]
+    elsewhere = bind(tmp_path, tmp_path / "own", None, 0, 10, Resumed("w", "w", 10))
+    assert elsewhere.previous is None and "saved by run w" in elsewhere.notes[0]
+
+
+@pytest.mark.parametrize("state", [
+    None, [], {"goodput": "x"}, {"goodput": {"run_id": "x"}}, {"goodput": {"run_id": "x" * 300, "segment_run_id": "s"}},
+    {"goodput": {"run_id": "x\x1b[31m", "segment_run_id": "s"}}, {"goodput": {"run_id": 7, "segment_run_id": "s"}},
+])
+def test_a_checkpoint_state_not_written_by_a_run_says_nothing(state):
+    from nemo_throughput.goodput_segments import Resumed
+
+    assert Resumed.from_state(state) is None
+    assert Resumed.from_state({"goodput": {"run_id": "x", "segment_run_id": "s", "step": True}}).step is None
+
+
+def test_a_checkpoint_resumed_twice_is_two_branches_and_a_retry_that_died_is_lost_time(tmp_path):
+    """Run r: segment 1 saved step 10; segment 2a resumed from it and saved 15; segment 2b resumed from
+    10 again (a branch: 2a is left out, said so); segment 2c resumed from 10 and died before saving (a
+    retry: its time is lost, kept)."""
+    from nemo_throughput.goodput_segments import Resumed, bind
+
+    now = time.time()
+    one = ledger_of(tmp_path, "r", 0, 13, checkpoints=(5, 10), started=now - 100)
+    ledger_of(tmp_path / "a", "r", 10, 20, segment=2, parent=one.identity["segment_run_id"], checkpoints=(15,),
+              started=now - 80)
+    died = ledger_of(tmp_path / "c", "r", 10, 12, segment=2, parent=one.identity["segment_run_id"], started=now - 60)
+    binding = bind(tmp_path, tmp_path / "b", None, 0, 10, Resumed("r", one.identity["segment_run_id"], 10))
+    assert binding.previous == one and binding.earlier == [one, died]
+    assert any("another branch of run r" in note and str(tmp_path / "a") in note for note in binding.notes)
+    rows = stitch([*binding.earlier, ledger_of(tmp_path / "b", "r", 10, 20, segment=3)])["segments"]
+    assert [row["lost_steps"] for row in rows] == [3, 2, 0]
+
+
+def test_segments_that_share_a_number_or_have_none_are_ordered_by_their_steps_not_their_clocks(tmp_path):
+    """Ledgers that do not say which segment they are (hand-written, or both copies of one checkpoint's
+    resume): the one that started at an earlier step goes first though its host's clock says it started
+    an hour later; the clocks' disagreement is noted and the restart between them not counted."""
+    from nemo_throughput.goodput_segments import run_history
+
+    now = time.time()
+    late_clock = ledger_of(tmp_path / "a", "r", 0, 10, segment=0, started=now - 60)
+    early_clock = ledger_of(tmp_path / "b", "r", 10, 20, segment=0, started=now - 3600)
+    ordered, notes = run_history([early_clock, late_clock])
+    assert ordered == [late_clock, early_clock] and "2 segments say they are segment 0" in notes[0]
+    goodput = stitch(ordered, notes)
+    assert goodput["seconds"]["restart"] == 0 and "clocks disagree" in goodput["clock_notes"][0]
+    assert goodput["notes"] == notes
+
+
+def test_a_copy_of_a_ledger_beside_the_original_counts_once(tmp_path):
+    import shutil
+
+    from nemo_throughput.goodput_segments import segments_under
+
+    ledger_of(tmp_path / "run", "r", 0, 10)
+    shutil.copytree(tmp_path / "run", tmp_path / "run-copy")
+    segments, notes = segments_under(tmp_path, tmp_path / "own")
+    assert [s.directory for s in segments] == [tmp_path / "run"] and "is a copy of the one in" in notes[0]
+
+
+def test_no_directory_under_the_root_can_stall_fail_or_lead_the_search_out_of_it(tmp_path, monkeypatch):
+    """A symlink loop, a link to a directory elsewhere holding another run's ledger, a directory named
+    like a ledger, an unreadable directory, a FIFO, more entries than are read: the real segment is
+    found, the rest is no segment, and a huge directory is searched in part, noted."""
+    import os
+
+    from nemo_throughput import goodput_segments
+    from nemo_throughput.goodput_segments import bind, segments_under
+
+    ledger_of(tmp_path / "real", "r", 0, 13)
+    ledger_of(tmp_path.parent / f"{tmp_path.name}-other" / "run", "other", 0, 20)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "elsewhere").symlink_to(tmp_path.parent / f"{tmp_path.name}-other" / "run")
+    (tmp_path / LEDGER_FILE).mkdir()  # the root's own ledger path a directory
+    (tmp_path / "closed").mkdir()
+    ledger_of(tmp_path / "closed" / "inner", "hidden", 0, 20)
+    os.chmod(tmp_path / "closed", 0)
+    os.mkfifo(tmp_path / "fifo")
+    try:
+        segments, notes = segments_under(tmp_path, tmp_path / "own")
+        assert [s.run_id for s in segments] == ["r"] and notes == []
+        assert bind(tmp_path, tmp_path / "own", None, 0, 10).previous.run_id == "r"
+        for name in range(30):
+            (tmp_path / f"empty{name:02}").mkdir()
+        monkeypatch.setattr(goodput_segments, "MAX_ENTRIES", 20)
+        segments, notes = segments_under(tmp_path, tmp_path / "own")
+        assert "only the first 20 entries" in notes[0]
+    finally:
+        os.chmod(tmp_path / "closed", 0o755)
+    # A root that is gone, or a file: no segment, a note, no exception.
+    assert "could not be searched" in segments_under(tmp_path / "gone", tmp_path / "own")[1][0]
+    assert "could not be searched" in segments_under(tmp_path / "fifo", tmp_path / "own")[1][0]
+
+
+def test_an_unreadable_directory_under_the_root_is_no_segment(tmp_path):
+    import os
+
+    from nemo_throughput.goodput_segments import segments_under
+
+    if os.geteuid() == 0:
+        pytest.skip("running as root: a directory's permissions do not stop root from reading it")
+    ledger_of(tmp_path / "closed", "hidden", 0, 20)
+    os.chmod(tmp_path / "closed", 0)
+    try:
+        assert segments_under(tmp_path, tmp_path / "own") == ([], [])
+    finally:
+        os.chmod(tmp_path / "closed", 0o755)
+
+
+def test_a_failing_search_or_a_first_segment_outside_the_root_never_fails_the_run_or_writes_outside(
+        tmp_path, monkeypatch):
+    """The search for earlier segments raising (whatever another's file did): a new run, noted. A
+    first segment whose directory lies outside this segment's root: goodput.json goes into this
+    segment's own directory, said so, and the other directory is left untouched."""
+    from nemo_throughput import goodput_run
+    from nemo_throughput.goodput_segments import Binding
+
+    def failing(*args):
+        raise RecursionError("deep")
+
+    monkeypatch.setattr(goodput_run, "bind", failing)
+    (tmp_path / "root2" / "own").mkdir(parents=True)
+    (tmp_path / "root").mkdir()
+    run = goodput_run.RunGoodput(tmp_path / "root", tmp_path / "root")
+    assert run.start(10, "new", env={}) is None
+    assert run.section()["run_id"] == "new" and "failed (RecursionError)" in run.section()["notes"][0]
+
+    outside = ledger_of(tmp_path / "outside", "r", 0, 13)
+    monkeypatch.setattr(goodput_run, "bind", lambda *args: Binding(outside, [outside], "checkpoint", []))
+    run = goodput_run.RunGoodput(tmp_path / "root2", tmp_path / "root2" / "own")
+    assert run.start(10, "own", env={}) == outside
+    section = run.section()
+    assert section["file"] == RUN_FILE and (tmp_path / "root2" / "own" / RUN_FILE).exists()
+    assert not (tmp_path / "outside" / RUN_FILE).exists() and "lies outside" in section["notes"][-1]
+    assert [row["dir"] for row in section["segments"]] == [str(tmp_path / "outside"), str(tmp_path / "root2" / "own")]
+
+
+def test_a_long_output_path_still_fits_the_ledger(tmp_path):
+    from nemo_throughput.goodput_run import RunGoodput
+
+    run = RunGoodput("/" + "d" * 4000, tmp_path)  # the root is only recorded, never searched through here
+    run._root = str(tmp_path)
+    run.start(0, "r", env={})
+    assert read_ledger(tmp_path / LEDGER_FILE).identity["root"] == str(tmp_path)
+    (tmp_path / "b").mkdir()
+    long_root = RunGoodput(tmp_path, tmp_path / "b")
+    long_root._root = str(tmp_path / ("d" * 4000))
+    long_root.start(0, "r", env={})
+    assert read_ledger(tmp_path / "b" / LEDGER_FILE).identity["root"] == ""
+
+
+def fit(root, checkpoints, steps, resume_from=None):
+    """A real Lightning run in this process, with the callback, saving a checkpoint every 5 steps; its
+    summary. Its segment starts now (the process started long before: in-process segments would overlap)."""
+    import pytorch_lightning as pl
+
+    from conftest import tiny_gpt_cfg
+    from nemo_throughput import ThroughputCallback
+    from nemo_throughput.demo.gpt import DemoGPT
+
+    callback = ThroughputCallback(output_dir=str(root), log_every_n_steps=4, warmup_steps=1)
+    saving = pl.callbacks.ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=5, save_top_k=-1)
+    pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+               enable_model_summary=False, callbacks=[callback, saving], default_root_dir=root,
+               ).fit(DemoGPT(tiny_gpt_cfg(global_batch_size=2)), ckpt_path=resume_from)
+    return read_json(callback.summary_path)
+
+
+def test_two_runs_in_one_root_each_resumed_continue_their_own_by_their_checkpoints(tmp_path, monkeypatch):
+    """Runs x and y share an output root and both trained past step 10; each resumed from its own
+    checkpoint of step 10 continues its own run (the latest ledger there would have been y's, for both)."""
+    from nemo_throughput import goodput
+
+    monkeypatch.setattr(goodput, "process_start_epoch_s", time.time)
+    root = tmp_path / "root"
+    x = fit(root, tmp_path / "x", 13)
+    y = fit(root, tmp_path / "y", 13)
+    assert x["run"]["id"] != y["run"]["id"]
+    resumed_x = fit(root, tmp_path / "x", 15, resume_from=tmp_path / "x" / "epoch=0-step=10.ckpt")
+    resumed_y = fit(root, tmp_path / "y", 15, resume_from=tmp_path / "y" / "epoch=0-step=10.ckpt")
+    for first, resumed in ((x, resumed_x), (y, resumed_y)):
+        goodput = resumed["goodput"]
+        assert goodput["run_id"] == first["run"]["id"] and goodput["segment"] == 2, goodput
+        assert [row["run_id"] for row in goodput["segments"]] == [first["run"]["id"], resumed["run"]["id"]]
+        assert [row["joined_by"] for row in goodput["segments"]] == [None, "checkpoint"]
+        assert goodput["steps"] == {"trained": 13 + 5, "lost": 3, "last": 15} and goodput["notes"] == []
+    # x's checkpoint of step 10 resumed again, though x's second segment saved step 15: another branch.
+    branch = fit(root, tmp_path / "x", 12, resume_from=tmp_path / "x" / "epoch=0-step=10.ckpt")["goodput"]
+    assert [row["run_id"] for row in branch["segments"]] == [x["run"]["id"], branch["segments"][1]["run_id"]]
+    assert branch["segment"] == 2 and branch["steps"] == {"trained": 13 + 2, "lost": 3, "last": 12}
+    assert len(branch["notes"]) == 1 and "another branch of run " + x["run"]["id"] in branch["notes"][0]
+
+
+def train_one(out, *args):
+    proc = run_train_tiny("--output-dir", out, "--steps", STEPS, "--log-every", 4, "--warmup", 1,
+                          "--checkpoint-every", CHECKPOINT_EVERY, *args, start_new_session=True)
+    output, _ = proc.communicate(timeout=240)
+    return proc.returncode, output
+
+
+def tree(directory):
+    return {path.relative_to(directory): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.slow
+def test_a_run_copied_or_moved_then_resumed_keeps_its_first_segment_and_never_writes_into_the_original(tmp_path):
+    """A run killed after step 13 (checkpoint of 10), its directory copied and the copy resumed: the
+    original is left byte for byte, the copy's goodput.json holds both segments. The original then
+    moved and resumed: its first segment is found where it lies now, not where it ran."""
+    import shutil
+
+    original, copy, moved = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    returncode, output = train_one(original, "--kill-at", KILL_AT)
+    assert returncode == -signal.SIGKILL, output
+    first = read_ledger(original / LEDGER_FILE)
+    before = tree(original)
+    assert RUN_FILE in {str(path) for path in before}  # the killed segment's own goodput.json
+    shutil.copytree(original, copy, symlinks=True)
+
+    returncode, output = train_one(copy, "--resume")
+    assert returncode == 0, output
+    assert tree(original) == before
+    goodput = json.loads((copy / RUN_FILE).read_text())
+    assert goodput["run_id"] == first.run_id and [row["dir"] for row in goodput["segments"]][0] == str(copy)
+    assert [row["joined_by"] for row in goodput["segments"]] == [None, "checkpoint"]
+    assert goodput["steps"] == {"trained": KILL_AT + STEPS - 10, "lost": 3, "last": STEPS}
+    copy_segment = goodput["segments"][1]["run_id"]
+
+    original.rename(moved)
+    returncode, output = train_one(moved, "--resume")
+    assert returncode == 0, output
+    goodput = json.loads((moved / RUN_FILE).read_text())
+    assert goodput["run_id"] == first.run_id and goodput["segments"][0]["dir"] == str(moved)
+    assert len(goodput["segments"]) == 2 and copy_segment not in [row["run_id"] for row in goodput["segments"]]
+    assert goodput["steps"]["lost"] == 3 and goodput["notes"] == []

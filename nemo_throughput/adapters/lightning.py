@@ -136,6 +136,14 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         # Called as the checkpoint is assembled, before it is written: the write is the save's time.
         self.measurement.checkpoint_saving(trainer.global_step)
 
+    def state_dict(self) -> dict[str, Any]:
+        # Kept in every checkpoint: the run and segment that saved it, so that a resume continues that run.
+        return self.measurement.checkpoint_state()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning restores callbacks after the setup hook and before on_train_start.
+        self.measurement.checkpoint_loaded(state_dict)
+
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             vote = self.measurement.validation_end(trainer.global_step, self._read_metrics)

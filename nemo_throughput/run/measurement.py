@@ -31,7 +31,8 @@ from nemo_throughput.batches import BatchCounting, Count
 from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED
-from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger, RunGoodput
+from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger
+from nemo_throughput.goodput_run import RunGoodput
 from nemo_throughput.measured_flops import FirstStepFlops
 from nemo_throughput.run.publishing import Publisher
 from nemo_throughput.run.reporting import Loggers, Reporter
@@ -239,6 +240,15 @@ class Measurement:
         if self._timer is not None and self._ledger is not None:
             self._ledger.switch(CHECKPOINT)
             self._ledger.checkpoint(steps_done)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The callback's state in a checkpoint: which run and segment saved it (goodput's, rank 0; else empty)."""
+        return self._goodput.checkpoint_state() if self._goodput is not None else {}
+
+    def checkpoint_loaded(self, state: Mapping[str, Any]) -> None:
+        """The resumed checkpoint's state (checkpoint_state's), before train_start: goodput continues its run."""
+        if self._goodput is not None:
+            self._goodput.checkpoint_loaded(state)
 
     def checkpoint_saved(self, steps_done: int) -> None:
         """A checkpoint of ``steps_done`` steps was saved (Megatron-Bridge's ``on_checkpoint_save``): the

@@ -61,6 +61,8 @@ def main():
     parser.add_argument("--no-callback", action="store_true", help="train without ThroughputCallback")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps")
     parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint, if any")
+    parser.add_argument("--resume-from", default=None, help="resume from this checkpoint")
+    parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: OUTPUT_DIR/checkpoints)")
     parser.add_argument("--kill-at", type=int, default=0,
                         help="SIGKILL the process group (every rank) once step N is finished")
     parser.add_argument("--process-group-timeout-s", type=float, default=None,
@@ -77,7 +79,7 @@ def main():
                                   probe=args.probe, peak_tflops=args.peak_tflops,
                                   prometheus=None if args.prometheus_port is None else
                                   {"port": args.prometheus_port, "addr": "127.0.0.1", "linger_s": args.linger_s})
-    checkpoints = os.path.join(args.output_dir, "checkpoints")
+    checkpoints = args.checkpoint_dir or os.path.join(args.output_dir, "checkpoints")
     saving = [pl.callbacks.ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=args.checkpoint_every,
                                            save_top_k=-1, save_last=True)] if args.checkpoint_every else []
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy(args),
@@ -86,7 +88,8 @@ def main():
                          callbacks=([] if args.no_callback else [callback]) + saving,
                          default_root_dir=args.output_dir)
     last = os.path.join(checkpoints, "last.ckpt")
-    trainer.fit(InstrumentedGPT(cfg, args), ckpt_path=last if args.resume and os.path.exists(last) else None)
+    resume = args.resume_from or (last if args.resume and os.path.exists(last) else None)
+    trainer.fit(InstrumentedGPT(cfg, args), ckpt_path=resume)
 
 
 if __name__ == "__main__":
