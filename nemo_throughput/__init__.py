@@ -21,7 +21,7 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
   numbers are what they are); run_facts (a run's facts: worked out at set-up, frozen, and what the
   run learns after); run/ (a measured run, which every adapter drives: measurement, its hot path and
   life cycle; startup, the one set-up of every stack; reporting, each interval and the summary;
-  publishing, where the summary goes and how the run's end is written down).
+  publishing, where the summary goes and how the run's end is written down; stall, the stall watch).
 * adapters: lightning (the Lightning callback), megatron_bridge (the Bridge callback), nemo (NeMo
   model config readers), nemo_run (``nemo_callback``, the NeMo 2 / NeMo-Run entry), hydra (the job
   callback and Lightning's callbacks_factory).

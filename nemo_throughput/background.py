@@ -5,19 +5,27 @@ the statistics, writes the log line, steps.jsonl and the running summary. ``drai
 everything handed over is done: the end of a run (completed, failed, SIGTERM) drains before its
 final exchange, so nothing handed over is lost. An error in a task is raised on the training
 thread at the next ``submit`` or ``drain``, as it would have been had the task run there.
+An ``idle`` callable, where given, runs on the same thread every ``idle_every_s`` between tasks
+(the stall watch): never beside a task, and ``drain`` waits for it as for one.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
+
+from nemo_throughput.text import package_logger
+
+log = package_logger(__name__)
 
 
 class OrderedWorker:
     """Runs submitted callables one at a time, in submission order, on a daemon thread."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, idle: Callable[[], None] | None = None, idle_every_s: float = 1.0) -> None:
+        self._idle, self._idle_every_s = idle, idle_every_s
         self._tasks: deque[Callable[[], None]] = deque()
         self._busy = False
         self._error: BaseException | None = None
@@ -54,13 +62,19 @@ class OrderedWorker:
             raise error
 
     def _run(self) -> None:
+        next_idle = time.monotonic() + self._idle_every_s
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: bool(self._tasks) or self._closed)
-                if not self._tasks:
+                timeout = None if self._idle is None else max(next_idle - time.monotonic(), 0.0)
+                self._changed.wait_for(lambda: bool(self._tasks) or self._closed, timeout)
+                if self._closed and not self._tasks:
                     return
-                task = self._tasks.popleft()
+                task = self._tasks.popleft() if self._tasks else None
                 self._busy = True
+            if task is None:  # the idle call is due
+                next_idle = time.monotonic() + self._idle_every_s
+                self._run_idle()
+                continue
             try:
                 if self._error is None:  # after a failure, later tasks would build on a broken state
                     task()
@@ -70,3 +84,14 @@ class OrderedWorker:
                 with self._changed:
                     self._busy = False
                     self._changed.notify_all()
+
+    def _run_idle(self) -> None:
+        try:
+            self._idle()
+        except Exception:  # noqa: BLE001 - a watch's failure is logged, never the run's
+            log.exception("nemo-throughput: %s: the idle call failed; it stops", self._thread.name)
+            self._idle = None
+        finally:
+            with self._changed:
+                self._busy = False
+                self._changed.notify_all()

@@ -86,6 +86,13 @@ class ThroughputConfig:
     `metric` is a key of `trainer.callback_metrics` (what `self.log` logs); the clock runs from set-up."""
     mllog: bool = False
     """Also write MLPerf `:::MLLOG` lines (needs `target` and `pip install 'nemo-throughput[mlperf]'`)."""
+    stall_factor: float = 10.0
+    """The stall watch: no step for `stall_factor` x the median step (and at least `stall_min_s`) is a
+    stall. Each rank then dumps its threads' Python stacks beside the summary, and the summary says
+    `stalled` until steps resume. `0` turns the watch off."""
+    stall_min_s: float = 300.0
+    """The shortest time without a step that is a stall, seconds. Set it above the run's longest
+    validation or checkpoint save: no step ends during those either."""
     prometheus: Mapping[str, Any] | None = None
     """Serve live metrics at `http://<addr>:<port>/metrics` from rank 0: `{port, addr, linger_s}` (`addr`
     default `0.0.0.0`; `linger_s`: keep serving that long after the run ends, for a last scrape). Default:
@@ -123,6 +130,9 @@ class ThroughputConfig:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {value!r} ({type(value).__name__})")
+        check_positive_number("stall_min_s", self.stall_min_s, "of seconds")
+        if not (is_number(self.stall_factor) and self.stall_factor == 0):  # 0: no watch (False is no 0)
+            check_positive_number("stall_factor", self.stall_factor, "(times the median step; 0: no stall watch)")
         self.profile_steps = _checked_profile_steps(self.profile_steps)
         if self.profile_mode not in PROFILE_MODES:
             raise ValueError(f"Unknown profile_mode {self.profile_mode!r}; choose one of {list(PROFILE_MODES)}")

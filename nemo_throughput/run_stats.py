@@ -193,6 +193,9 @@ class RunStats:
     def steps_measured(self) -> int:
         return len(self._sorted)
 
+    def median_step_time_s(self) -> float | None:
+        return _percentile(self._sorted, 50) if self._sorted else None
+
     def mean_step_time_s(self) -> float | None:
         return self._mean if self._sorted else None
 

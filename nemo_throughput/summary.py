@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = package_logger(__name__)
 
 SCHEMA = SUMMARY_SCHEMA_ID
-STATUSES = ("running", "completed", "failed", "interrupted")
+STATUSES = ("running", "stalled", "completed", "failed", "interrupted")
 STEPS_FILE = "steps.jsonl"
 EXPLAINED = ("telemetry", "communication", "network", "probe")  # sections explaining the numbers
 CLAIM_FILE = ".nemo-throughput-run.json"  # which run owns an output directory
@@ -57,7 +57,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
                   time_to_target: dict[str, Any] | None = None, *, log_timing: LogTiming | None = None,
                   result_rate: ResultRate | None = None,
                   time_to_train: dict[str, Any] | None = None, counted: CountedStep | None = None,
-                  goodput: dict[str, Any] | None = None) -> dict[str, Any]:
+                  goodput: dict[str, Any] | None = None, stalls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The summary, every route's (callback, import); it conforms to schemas/summary-v1.json.
 
     ``explained`` adds the sections that explain the numbers (telemetry, communication, network,
@@ -65,7 +65,8 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
     TimeToTarget.section() when a target is set. What only an import knows: ``log_timing`` (an
     imported log), ``result_rate`` and ``time_to_train`` (an imported MLPerf result). ``counted``: the
     mean measured step as counted from packed or padded batches; ``goodput``: the run's goodput so
-    far (goodput.stitch), on rank 0 of a callback's run.
+    far (goodput.stitch), on rank 0 of a callback's run; ``stalls``: the stall watch's records
+    (run.stall), None where no watch ran.
     """
     if status not in STATUSES:
         raise ValueError(f"Unknown status {status!r}; expected one of {STATUSES}")
@@ -105,6 +106,7 @@ def build_summary(facts: RunFacts, stats: RunStats, status: str, error: str | No
         "settings": facts.settings,
         "files": {"steps_jsonl": dict(facts.steps_jsonl) if facts.steps_jsonl else None},
         "goodput": goodput,
+        **({"stalls": stalls} if stalls is not None else {}),
         **{name: None for name in EXPLAINED}, **(explained or {}),
     }
 

@@ -45,3 +45,41 @@ def test_an_error_in_a_task_reaches_the_caller_and_later_tasks_do_not_run_on_a_b
     with pytest.raises(RuntimeError, match="at the next submit"):
         worker.submit(lambda: None)
     worker.close()
+
+
+def test_the_idle_call_runs_between_tasks_never_beside_one_and_drain_waits_for_it():
+    running, overlaps, idles = [], [], []
+
+    def idle():
+        overlaps.append(bool(running))
+        idles.append(threading.current_thread().name)
+        time.sleep(0.01)
+
+    def task():
+        running.append(1)
+        time.sleep(0.05)
+        running.pop()
+
+    worker = OrderedWorker("watched", idle=idle, idle_every_s=0.01)
+    for _ in range(3):
+        worker.submit(task)
+    worker.drain()
+    time.sleep(0.1)
+    worker.close()
+    assert len(idles) >= 3 and set(idles) == {"watched"} and not any(overlaps)
+
+
+def test_an_idle_call_that_raises_is_logged_once_and_stops_and_the_tasks_go_on(caplog):
+    calls, done = [], []
+
+    def idle():
+        calls.append(1)
+        raise OSError("disk gone")
+
+    worker = OrderedWorker("watched", idle=idle, idle_every_s=0.01)
+    time.sleep(0.1)
+    worker.submit(lambda: done.append(1))
+    worker.drain()
+    worker.close()
+    assert calls == [1] and done == [1]
+    assert caplog.text.count("watched: the idle call failed; it stops") == 1 and "disk gone" in caplog.text

@@ -256,6 +256,12 @@ def test_a_model_the_formulas_cannot_describe_needs_its_flops_given(tmp_path, qu
     ({"flops_per_sample": 0}, "flops_per_sample must be a positive"),
     ({"flops_per_sample": "3.94e15"}, r"flops_per_sample must be a number .*got '3.94e15' \(str\)"),
     ({"flops_per_sample": float("nan")}, "flops_per_sample must be a positive number"),
+    ({"stall_factor": -1}, "stall_factor must be a positive number"),
+    ({"stall_factor": False}, r"stall_factor must be a number .*got False \(bool\)"),  # not 0: no watch
+    ({"stall_factor": "10"}, r"stall_factor must be a number .*got '10' \(str\)"),
+    ({"stall_factor": float("nan")}, "stall_factor must be a positive number"),
+    ({"stall_min_s": 0}, "stall_min_s must be a positive number of seconds"),
+    ({"stall_min_s": float("inf")}, "stall_min_s must be a positive number of seconds"),
 ])
 def test_settings_of_the_wrong_type_or_impossible_value_fail_naming_the_setting(settings, message):
     with pytest.raises(ValueError, match=message):

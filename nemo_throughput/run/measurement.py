@@ -36,6 +36,7 @@ from nemo_throughput.goodput_run import RunGoodput
 from nemo_throughput.measured_flops import FirstStepFlops
 from nemo_throughput.run.publishing import Publisher
 from nemo_throughput.run.reporting import Loggers, Reporter
+from nemo_throughput.run.stall import StallWatch
 from nemo_throughput.run.startup import DescribeRun, start_run
 from nemo_throughput.run_facts import Learned, RunFacts
 from nemo_throughput.run_stats import RunStats
@@ -140,9 +141,16 @@ class Measurement:
         if self._reporter is not None:  # a fit after a fit
             self._reporter.close()
         self._reporter = Reporter(self.stats, self._explain, self.publisher, self.run_clock, self._goodput,
-                                  self._loggers, self._log_rank)
+                                  self._loggers, self._log_rank, self._stall_watch())
         self._reporter.publish_running(self.facts)
         self._timer.anchor()
+
+    def _stall_watch(self) -> StallWatch | None:
+        """This rank's stall watch (run.stall), unless the stall_factor setting is 0."""
+        if self.config.stall_factor == 0:
+            return None
+        return StallWatch(self.config.stall_factor, self.config.stall_min_s, self.rank, self.publisher.output_dir,
+                          last_step=lambda: self._last_step, median_step_s=self.stats.median_step_time_s)
 
     def watch_sigterm(self) -> None:
         """Install the SIGTERM watch (once): call it after the framework installed its own handler."""
@@ -308,7 +316,9 @@ class Measurement:
         self._finish(status, error, final.missing)
 
     def _stop(self, steps_done: int) -> None:
-        """Training ends: an unfinished FLOPs count is dropped, and the run clock stops."""
+        """Training ends: the stall watch stops, an unfinished FLOPs count is dropped, and the run clock stops."""
+        if self._reporter.stall is not None:
+            self._reporter.stall.stopped = True
         if self._flops is not None:
             self._flops.abandon()
             self._flops = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -25,6 +26,7 @@ from nemo_throughput.flops import FORMULAS, flops_terms
 from nemo_throughput.goodput_run import RunGoodput
 from nemo_throughput.progress import format_interval, logger_metrics, step_rows
 from nemo_throughput.run.publishing import Publisher
+from nemo_throughput.run.stall import LONGEST_LOOK_S, StallWatch
 from nemo_throughput.run_facts import RunFacts, mfu_above_peak_warning
 from nemo_throughput.run_stats import COLUMNS, RunStats
 from nemo_throughput.summary import STEPS_FILE, append_jsonl, build_summary
@@ -51,13 +53,18 @@ class Reporter:
     absorbs, to keep the statistics the final exchange and the summary need)."""
 
     def __init__(self, stats: RunStats, explain: RunExplanation, publisher: Publisher, clock: RunClock | None,
-                 goodput: RunGoodput | None, loggers: Loggers | None, log_rank: int) -> None:
+                 goodput: RunGoodput | None, loggers: Loggers | None, log_rank: int,
+                 stall: StallWatch | None = None) -> None:
         self.stats, self._explain, self._publisher = stats, explain, publisher
         self._clock, self._goodput = clock, goodput  # the summary's time to target and goodput (rank 0)
         self._rank = publisher.rank
         self._loggers, self._log_rank = loggers, log_rank
         self._failures: dict[str, int] = {}  # a logger's name -> calls of it that raised
-        self._worker = OrderedWorker("nemo-throughput-report")
+        self.stall = stall  # looked at between the reporting thread's tasks
+        self._worker = OrderedWorker("nemo-throughput-report", idle=self._look if stall is not None else None,
+                                     idle_every_s=stall.look_every_s if stall is not None else 1.0)
+        self._facts: RunFacts | None = None  # as of the latest running summary, for a stalled one
+        self._stalled_published = 0.0  # monotonic time rank 0 last wrote the stalled summary
         self._to_log: deque[tuple[dict[str, float], int]] = deque()  # for the loggers, on the training thread
         self.goodput_pct = math.nan  # rank 0's goodput % as last received (NaN: none yet)
         self.steps_error: str | None = None  # why steps.jsonl stopped (a full disk), on the reporting thread
@@ -85,12 +92,36 @@ class Reporter:
         explained = self._explain.sections(workload.step_tokens, final=final and self._rank == 0)
         clock = self._clock.clock.section() if self._clock is not None else None
         goodput = self._goodput.section() if self._goodput is not None else None  # its % goes out at log steps
-        return build_summary(facts, self.stats, status, error, explained,
-                             time_to_target=clock, counted=workload.counted, goodput=goodput)
+        return build_summary(facts, self.stats, status, error, explained, time_to_target=clock,
+                             counted=workload.counted, goodput=goodput,
+                             stalls=self.stall.records() if self.stall is not None else None)
 
     def publish_running(self, facts: RunFacts) -> None:
-        """The running summary as of a log step (run.publishing.Publisher.running)."""
-        self._publisher.running(self.summary(facts, "running"), self.absorbed_through)
+        """The running (or, while the stall watch says so, stalled) summary as of a log step
+        (run.publishing.Publisher.running)."""
+        self._facts = facts
+        status = "stalled" if self.stall is not None and self.stall.stalled else "running"
+        self._publisher.running(self.summary(facts, status), self.absorbed_through)
+
+    def _look(self) -> None:
+        """The stall watch's look (run.stall), on the reporting thread between its tasks: a stall
+        starting or ending is logged, and rank 0's summary says it (refreshed every few seconds while
+        it lasts)."""
+        event, stall = self.stall.look(), self.stall
+        if event == "stalled":
+            current = stall.stalls[-1]
+            stacks = f"every thread's stack is in {current.stacks}" if current.stacks else "no stacks could be written"
+            log.warning("nemo-throughput: rank %d: stalled: no step since step %d for %.1f s (a stall: over %.1f s); "
+                        "%s beside the summary.", self._rank, current.after_step, current.seconds,
+                        stall.threshold_s(), stacks)
+        elif event == "resumed":
+            log.info("nemo-throughput: rank %d: steps resumed after %.0f s without one (after step %d)", self._rank,
+                     stall.stalls[-1].seconds, stall.stalls[-1].after_step)
+        now = time.monotonic()
+        refresh = stall.stalled and now - self._stalled_published >= LONGEST_LOOK_S
+        if self._rank == 0 and self._facts is not None and (event is not None or refresh):
+            self._stalled_published = now
+            self.publish_running(self._facts)
 
     def absorb(self, steps: torch.Tensor, extras: torch.Tensor | None, facts: RunFacts) -> None:
         """Every rank's steps of one interval, and its log step's vectors (:meth:`absorb_extras`)."""

@@ -32,7 +32,14 @@ class InstrumentedGPT(DemoGPT):
         time.sleep(self.args.step_sleep_s)
         if self.trainer.global_rank == self.args.slow_rank:
             time.sleep(self.args.slow_s)
+            if step == self.args.stall_at:
+                sleep_in_a_stalled_step(self.args.stall_s)
         return super().training_step(batch, batch_idx)
+
+
+def sleep_in_a_stalled_step(seconds):
+    """A rank that stops making progress (a hang), by a name its stack shows."""
+    time.sleep(seconds)
 
 
 def strategy(args):
@@ -54,6 +61,9 @@ def main():
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-s", type=float, default=0.0)
     parser.add_argument("--fail-at", type=int, default=0)
+    parser.add_argument("--stall-at", type=int, default=0, help="the slow rank sleeps --stall-s in this step")
+    parser.add_argument("--stall-s", type=float, default=0.0)
+    parser.add_argument("--stall-min-s", type=float, default=300.0, help="the stall watch's stall_min_s")
     parser.add_argument("--per-step-jsonl", action="store_true")
     parser.add_argument("--profile-steps", type=int, nargs=2, default=None, metavar=("FIRST", "LAST"))
     parser.add_argument("--trace-rank", type=int, action="append", default=None)
@@ -76,7 +86,7 @@ def main():
     callback = ThroughputCallback(log_every_n_steps=args.log_every, warmup_steps=args.warmup,
                                   output_dir=args.output_dir, per_step_jsonl=args.per_step_jsonl,
                                   profile_steps=args.profile_steps, profile_trace_ranks=args.trace_rank,
-                                  probe=args.probe, peak_tflops=args.peak_tflops,
+                                  probe=args.probe, peak_tflops=args.peak_tflops, stall_min_s=args.stall_min_s,
                                   prometheus=None if args.prometheus_port is None else
                                   {"port": args.prometheus_port, "addr": "127.0.0.1", "linger_s": args.linger_s})
     checkpoints = args.checkpoint_dir or os.path.join(args.output_dir, "checkpoints")
