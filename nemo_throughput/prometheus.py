@@ -8,9 +8,13 @@ under Slurm, the first node of the job); per-rank series carry ``rank``, ``node`
 Every figure the loggers get (progress.LOGGED_METRICS) is a gauge ``nemo_throughput_<key>`` with
 ``window="interval"`` (the latest log interval's, as logged) and ``window="run"`` (the run's so
 far, as its summary gives them); every measured step's global time goes into the histogram
-``nemo_throughput_step_seconds``; ``nemo_throughput_status`` is the summary's status. The
-gauges change on the reporting thread at log steps and at the end of the run, never on a step.
-A port already taken is a warning: training goes on without the endpoint.
+``nemo_throughput_step_seconds``; ``nemo_throughput_status`` is the summary's status. For the
+alert rules (launchers/prometheus/nemo-throughput-alerts.yml): ``nemo_throughput_rank_straggler_time_s``
+is each rank's time per step that names the straggler (run_stats.Interval.rank_straggler_s), and
+``nemo_throughput_last_step_timestamp_seconds`` the Unix time of rank 0's latest log step, set by
+:meth:`PrometheusEndpoint.last_step`. The gauges change on the reporting thread at log steps and at
+the end of the run, never on a step. A port already taken is a warning: training goes on without
+the endpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nemo_throughput.config import checked_prometheus
@@ -82,6 +86,13 @@ class PrometheusEndpoint:
                           for name, meaning, _ in PER_RANK}
         self._step_seconds = Histogram(PREFIX + "step_seconds", "every measured step's global (slowest-rank) time, s",
                                        RUN_LABELS, buckets=STEP_BUCKETS, registry=self.registry)
+        self._straggler_s = Gauge(
+            PREFIX + "rank_straggler_time_s", "the rank's mean time per step that names the straggler, s: its local "
+            "time (data + forward, before its first collective) where every rank observed it, else its step time; "
+            "over the latest log interval's counted steps", (*RUN_LABELS, *RANK_LABELS), registry=self.registry)
+        self._last_step = Gauge(PREFIX + "last_step_timestamp_seconds",
+                                "Unix time of rank 0's latest log step (steps ended then), s", RUN_LABELS,
+                                registry=self.registry)
         self._steps = Gauge(PREFIX + "steps_done", "optimizer steps finished and exchanged (the summary's last step)",
                             RUN_LABELS, registry=self.registry)
         self._status = Enum(PREFIX + "status", "the run's status, as its summary says", RUN_LABELS,
@@ -108,19 +119,26 @@ class PrometheusEndpoint:
         return True
 
     def interval(self, figures: Mapping[str, float], measured_step_s: Iterable[float],
-                 telemetry: list[dict[str, float]], places: list[dict[str, Any]]) -> None:
+                 telemetry: list[dict[str, float]], places: list[dict[str, Any]],
+                 rank_straggler_s: Sequence[float] = ()) -> None:
         """A log interval: the loggers' figures (``throughput/<key>``), its measured steps' global times,
-        and every rank's latest telemetry (explain's FIELDS per rank)."""
+        every rank's latest telemetry (explain's FIELDS per rank) and every rank's time per step that
+        names the straggler, s (run_stats.Interval.rank_straggler_s)."""
         with self._lock:
             self._set_window("interval", {key.removeprefix("throughput/"): value for key, value in figures.items()})
             histogram = self._step_seconds.labels(*self._labels)
             for seconds in measured_step_s:
                 histogram.observe(seconds)
             for row, place in zip(telemetry, places, strict=False):
-                rank = (str(place["rank"]), str(place["host"]), "" if place["gpu_index"] is None else
-                        str(place["gpu_index"]))
                 for name, _, read in PER_RANK:
-                    _set_or_remove(self._per_rank[name], (*self._labels, *rank), read(row))
+                    _set_or_remove(self._per_rank[name], (*self._labels, *_rank_labels(place)), read(row))
+            for seconds, place in zip(rank_straggler_s, places, strict=False):
+                _set_or_remove(self._straggler_s, (*self._labels, *_rank_labels(place)), seconds)
+
+    def last_step(self, epoch_s: float) -> None:
+        """Steps ended at ``epoch_s`` (Unix time, s): what the stall alert measures from. Any thread."""
+        with self._lock:
+            self._last_step.labels(*self._labels).set(epoch_s)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         """The run's figures as its (running or final) summary gives them, its last step and status."""
@@ -149,6 +167,11 @@ class PrometheusEndpoint:
             threading.Thread(target=stop, name="nemo-throughput-prometheus-linger", daemon=False).start()
         else:
             stop()
+
+
+def _rank_labels(place: Mapping[str, Any]) -> tuple[str, str, str]:
+    """RANK_LABELS of a rank's place: its rank, host and GPU index ("" where it has none)."""
+    return str(place["rank"]), str(place["host"]), "" if place["gpu_index"] is None else str(place["gpu_index"])
 
 
 def _set_or_remove(gauge: Any, labels: Iterable[str], value: float | None) -> None:

@@ -61,6 +61,10 @@ class Interval:
     left_out_reasons: tuple[str, ...] = ()  # why, in words ("warm-up", "profiled", "skipped")
     phases_s: dict[str, float | None] = field(default_factory=dict)  # PHASE_TIMES: means over its steps and ranks
     measured_step_s: tuple[float, ...] = ()  # the global time of each of its steps the statistics take
+    # Per rank, the mean time that names the straggler: local (data + forward) where every rank
+    # observed it, else step time; which one is ``straggler_metric`` ("local_time_s", "step_time_s").
+    rank_straggler_s: tuple[float, ...] = ()
+    straggler_metric: str = "step_time_s"
 
 
 class RunStats:
@@ -162,6 +166,8 @@ class RunStats:
             phases_s={name: _mean_observed([rank[i][_TOTALS.index(name)] for rank in values for i in shown])
                       for name in PHASE_TIMES},
             measured_step_s=tuple(seconds for seconds, kept in zip(global_s, keep, strict=True) if kept),
+            rank_straggler_s=tuple(straggler_time),
+            straggler_metric="local_time_s" if local_observed else "step_time_s",
         )
 
     def _keep_if_longest(self, value: float, step: int, values: list[list[list[float]]], index: int) -> None:

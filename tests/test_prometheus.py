@@ -1,7 +1,8 @@
 """The live endpoint scraped by a real Prometheus server (Debian's, installed by .ci/setup-prometheus),
 started on loopback with a scrape config written here, while a real 2-rank gloo run trains; its
 numbers, read back through Prometheus' HTTP API, are the summary's to the digit; the Grafana
-dashboard's queries return data from it."""
+dashboard's queries return data from it; the alert rules load and evaluate there (promtool tests
+what they fire on: test_prometheus_alerts.py)."""
 
 import json
 import math
@@ -25,6 +26,7 @@ from nemo_throughput.progress import summary_metrics
 from nemo_throughput.prometheus import PrometheusEndpoint, prometheus_setting
 
 DASHBOARD = Path(__file__).parents[1] / "launchers" / "grafana" / "nemo-throughput.json"
+ALERT_RULES = Path(__file__).parents[1] / "launchers" / "prometheus" / "nemo-throughput-alerts.yml"
 SCRAPE_S = 0.5
 
 
@@ -39,13 +41,15 @@ def _prometheus_binary():
 
 
 class PrometheusServer:
-    """A real Prometheus on 127.0.0.1, scraping ``targets`` every SCRAPE_S seconds."""
+    """A real Prometheus on 127.0.0.1, scraping ``targets`` and evaluating ``rule_files`` every SCRAPE_S seconds."""
 
-    def __init__(self, directory: Path, targets: list[int]):
+    def __init__(self, directory: Path, targets: list[int], rule_files: tuple[Path, ...] = ()):
         self.port = free_port()
         config = directory / "prometheus.yml"
+        every = f"{int(SCRAPE_S * 1000)}ms"
         config.write_text(json.dumps({  # YAML is a superset of JSON
-            "global": {"scrape_interval": f"{int(SCRAPE_S * 1000)}ms", "scrape_timeout": f"{int(SCRAPE_S * 1000)}ms"},
+            "global": {"scrape_interval": every, "scrape_timeout": every, "evaluation_interval": every},
+            "rule_files": [str(path) for path in rule_files],
             "scrape_configs": [{"job_name": "nemo-throughput",
                                 "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in targets]}]}]}))
         self.process = subprocess.Popen(
@@ -66,11 +70,18 @@ class PrometheusServer:
             return False
 
     def api(self, path: str, **params) -> list:
+        return self._data(path, **params)["result"]
+
+    def rules(self) -> dict[str, dict]:
+        """Every loaded rule by its name, with its health and last error."""
+        return {rule["name"]: rule for group in self._data("rules")["groups"] for rule in group["rules"]}
+
+    def _data(self, path: str, **params) -> dict:
         url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         with urllib.request.urlopen(url, timeout=10) as response:
             body = json.load(response)
         assert body["status"] == "success", body
-        return body["data"]["result"]
+        return body["data"]
 
     def last(self, selector: str) -> list:
         """Each series' last scraped sample (the targets are gone: their series are stale now)."""
@@ -130,7 +141,12 @@ def test_an_ipv6_address_is_served_and_printed_as_a_valid_url(caplog):
 @pytest.mark.slow
 def test_a_real_prometheus_scrapes_a_two_rank_run_and_holds_the_summary_s_numbers(tmp_path):
     run_port, synthetic_port = free_port(), free_port()
-    server = PrometheusServer(tmp_path, [run_port, synthetic_port])
+    # The shipped rules fire after minutes; one that fires at once gives the dashboard's alert panel data.
+    firing = tmp_path / "firing.yml"
+    firing.write_text(json.dumps({"groups": [{"name": "test", "rules": [
+        {"alert": "NemoThroughputTestFiring", "expr": "nemo_throughput_steps_done >= 0"}]}]}))
+    started = time.time()
+    server = PrometheusServer(tmp_path, [run_port, synthetic_port], rule_files=(ALERT_RULES, firing))
     synthetic = None
     try:
         process = run_train_tiny("--output-dir", tmp_path / "run", "--devices", 2, "--steps", 30, "--log-every", 5,
@@ -165,6 +181,17 @@ def test_a_real_prometheus_scrapes_a_two_rank_run_and_holds_the_summary_s_number
         (seconds,) = server.last(f'nemo_throughput_step_time_s{{window="interval",run="{run["run"]}"}}')
         tokens = summary["batch"]["tokens_per_step"]
         assert float(interval["value"][1]) == pytest.approx(tokens / float(seconds["value"][1]), rel=1e-12)
+        # What the alert rules read: each rank's time before its first collective, the last log step's time.
+        ranks = server.last(f'nemo_throughput_rank_straggler_time_s{{run="{run["run"]}"}}')
+        assert sorted(series["metric"]["rank"] for series in ranks) == ["0", "1"]
+        assert all(0 < float(series["value"][1]) < summary["timing"]["step_time_s"]["max"] for series in ranks)
+        assert summary["timing"]["straggler"]["metric"] == "local_time_s"  # what the gauge holds here too
+        (stamp,) = server.last(f'nemo_throughput_last_step_timestamp_seconds{{run="{run["run"]}"}}')
+        assert started < float(stamp["value"][1]) < time.time()
+        loaded = server.rules()
+        assert {"NemoThroughputStalled", "NemoThroughputSlowdown", "NemoThroughputStraggler",
+                "NemoThroughputThrottled"} < set(loaded)
+        assert all(rule["health"] == "ok" for rule in loaded.values()), loaded
 
         # Every query of the Grafana dashboard returns data from this Prometheus.
         end = time.time()

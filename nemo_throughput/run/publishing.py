@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nemo_throughput.prometheus import PrometheusEndpoint, job_id
@@ -86,10 +86,16 @@ class Publisher:
 
     # ----------------------------------------------------------------------- during the run
     def interval(self, logged: Mapping[str, float], measured_step_s: Iterable[float],
-                 telemetry: list[dict[str, float]], places: list[dict[str, Any]]) -> None:
+                 telemetry: list[dict[str, float]], places: list[dict[str, Any]],
+                 rank_straggler_s: Sequence[float] = ()) -> None:
         """Rank 0: an interval's figures to the endpoint (on the reporting thread)."""
         if self.endpoint is not None:
-            self.endpoint.interval(logged, measured_step_s, telemetry, places)
+            self.endpoint.interval(logged, measured_step_s, telemetry, places, rank_straggler_s)
+
+    def last_step(self, epoch_s: float) -> None:
+        """Rank 0: steps ended at ``epoch_s`` (Unix time, s), to the endpoint (for its stall alert)."""
+        if self.endpoint is not None:
+            self.endpoint.last_step(epoch_s)
 
     def running(self, summary: dict[str, Any], absorbed_through: int) -> None:
         """The running summary as of a log step, kept for the SIGTERM watch; rank 0 publishes it. After

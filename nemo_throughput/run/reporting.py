@@ -74,7 +74,10 @@ class Reporter:
     def submit(self, received: Callable[[], tuple[torch.Tensor, torch.Tensor]], facts: RunFacts) -> None:
         """An all-gather's result (``received`` splits it, on the reporting thread) and the facts as
         of the log step that took it."""
+        log_step_at = time.time()  # steps went on until now: the endpoint's stall alert measures from it
+
         def report() -> None:
+            self._publisher.last_step(log_step_at)
             self.absorb(*received(), facts=facts)
             self.publish_running(facts)
         self._worker.submit(report)
@@ -148,7 +151,8 @@ class Reporter:
         if metrics["mfu_above_peak"] is not None and not self._warned_above_peak:
             self._warned_above_peak = True
             log.warning(mfu_above_peak_warning(facts, metrics["mfu_above_peak"]))
-        self._publisher.interval(logged, interval.measured_step_s, self._explain.latest_telemetry, facts.places)
+        self._publisher.interval(logged, interval.measured_step_s, self._explain.latest_telemetry, facts.places,
+                                 interval.rank_straggler_s)
         if facts.steps_jsonl and self.steps_error is None:
             self._append_steps(steps, facts.run_id)
 
