@@ -30,6 +30,7 @@ class OrderedWorker:
         self._busy = False
         self._error: BaseException | None = None
         self._closed = False
+        self._draining = 0  # callers waiting in drain
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -44,7 +45,9 @@ class OrderedWorker:
     def drain(self, raise_error: bool = True) -> BaseException | None:
         """Wait until every task submitted so far has run. Returns (or raises) a task's error."""
         with self._changed:
+            self._draining += 1
             self._changed.wait_for(lambda: not self._tasks and not self._busy)
+            self._draining -= 1
         if raise_error:
             self._raise_error()
         error, self._error = self._error, None
@@ -69,6 +72,9 @@ class OrderedWorker:
                 self._changed.wait_for(lambda: bool(self._tasks) or self._closed, timeout)
                 if self._closed and not self._tasks:
                     return
+                if not self._tasks and self._draining:  # no idle call while a caller drains: it would
+                    next_idle = time.monotonic() + self._idle_every_s  # never see the thread free
+                    continue
                 task = self._tasks.popleft() if self._tasks else None
                 self._busy = True
             if task is None:  # the idle call is due

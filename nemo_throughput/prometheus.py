@@ -11,9 +11,9 @@ far, as its summary gives them); every measured step's global time goes into the
 ``nemo_throughput_step_seconds``; ``nemo_throughput_status`` is the summary's status. For the
 alert rules (launchers/prometheus/nemo-throughput-alerts.yml): ``nemo_throughput_rank_straggler_time_s``
 is each rank's time per step that names the straggler (run_stats.Interval.rank_straggler_s), and
-``nemo_throughput_last_step_timestamp_seconds`` the Unix time of rank 0's latest log step, set by
-:meth:`PrometheusEndpoint.last_step`. The gauges change on the reporting thread at log steps and at
-the end of the run, never on a step. A port already taken is a warning: training goes on without
+``nemo_throughput_last_step_timestamp_seconds`` the Unix time rank 0's latest step ended, set by
+:meth:`PrometheusEndpoint.last_step` (from the stall watch's looks, and at log steps). The gauges
+change on the reporting thread, never on a step. A port already taken is a warning: training goes on without
 the endpoint.
 """
 
@@ -91,8 +91,10 @@ class PrometheusEndpoint:
             "time (data + forward, before its first collective) where every rank observed it, else its step time; "
             "over the latest log interval's counted steps", (*RUN_LABELS, *RANK_LABELS), registry=self.registry)
         self._last_step = Gauge(PREFIX + "last_step_timestamp_seconds",
-                                "Unix time of rank 0's latest log step (steps ended then), s", RUN_LABELS,
+                                "Unix time rank 0's latest step ended, as its stall watch saw it (every few "
+                                "seconds; at log steps with the watch off), s", RUN_LABELS,
                                 registry=self.registry)
+        self._last_step_s = 0.0
         self._steps = Gauge(PREFIX + "steps_done", "optimizer steps finished and exchanged (the summary's last step)",
                             RUN_LABELS, registry=self.registry)
         self._status = Enum(PREFIX + "status", "the run's status, as its summary says", RUN_LABELS,
@@ -136,9 +138,12 @@ class PrometheusEndpoint:
                 _set_or_remove(self._straggler_s, (*self._labels, *_rank_labels(place)), seconds)
 
     def last_step(self, epoch_s: float) -> None:
-        """Steps ended at ``epoch_s`` (Unix time, s): what the stall alert measures from. Any thread."""
+        """Steps ended at ``epoch_s`` (Unix time, s): what the stall alert measures from. Any thread;
+        never back in time (the log step's stamp may arrive after the stall watch's later one)."""
         with self._lock:
-            self._last_step.labels(*self._labels).set(epoch_s)
+            if epoch_s > self._last_step_s:
+                self._last_step_s = epoch_s
+                self._last_step.labels(*self._labels).set(epoch_s)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         """The run's figures as its (running or final) summary gives them, its last step and status."""

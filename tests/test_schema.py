@@ -86,7 +86,7 @@ def test_a_callback_summary_has_every_field_the_schema_describes():
     section = {"note": "collected"}
     summary = build_summary(facts(), measured_stats(), "completed",
                             explained={"telemetry": section, "communication": section, "network": section,
-                                       "probe": section},
+                                       "probe": section}, stalls=[],
                             time_to_target={"status": "target_reached", "seconds": 3.0, "step": 3, "metric": "loss",
                                             "value": 0.9, "target": 1.0, "mode": "min"})
     assert validate_summary(summary) == []

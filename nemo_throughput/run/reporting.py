@@ -120,6 +120,8 @@ class Reporter:
         elif event == "resumed":
             log.info("nemo-throughput: rank %d: steps resumed after %.0f s without one (after step %d)", self._rank,
                      stall.stalls[-1].seconds, stall.stalls[-1].after_step)
+        if self._rank == 0:  # the endpoint's time of the latest step, as fresh as the looks
+            self._publisher.last_step(stall.last_step_epoch_s)
         now = time.monotonic()
         refresh = stall.stalled and now - self._stalled_published >= LONGEST_LOOK_S
         if self._rank == 0 and self._facts is not None and (event is not None or refresh):

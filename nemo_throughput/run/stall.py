@@ -67,7 +67,7 @@ class StallWatch:
         self._last_step, self._median_step_s = last_step, median_step_s
         self._seen_step: int | None = None
         self._seen_at = 0.0  # monotonic time the step was first seen
-        self._seen_epoch_s = 0.0
+        self.last_step_epoch_s = 0.0  # the same, as a Unix time (0: no look yet)
         self.look_every_s = look_every_s(min_s)
         self.stalls: list[Stall] = []
         self.stopped = False  # training ended: no more looks
@@ -92,7 +92,8 @@ class StallWatch:
         now = time.monotonic() if now is None else now
         step = self._last_step()
         if step != self._seen_step:
-            self._seen_step, self._seen_at, self._seen_epoch_s = step, now, time.time() - (time.monotonic() - now)
+            self._seen_step, self._seen_at = step, now
+            self.last_step_epoch_s = time.time() - (time.monotonic() - now)
             if self.stalled:
                 self.stalls[-1].ongoing = False
                 return "resumed"
@@ -104,7 +105,7 @@ class StallWatch:
         threshold = self.threshold_s()
         if threshold is None or silent_s <= threshold:
             return None
-        self.stalls.append(Stall(step, self._seen_epoch_s, silent_s, True, self._dump_stacks(step, silent_s)))
+        self.stalls.append(Stall(step, self.last_step_epoch_s, silent_s, True, self._dump_stacks(step, silent_s)))
         return "stalled"
 
     def _dump_stacks(self, step: int, silent_s: float) -> str | None:
