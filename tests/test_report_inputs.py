@@ -82,7 +82,7 @@ def report(*args, capsys) -> tuple[int, str, str]:
     ("hardware.gpu_name", None, r"hardware.gpu_name is None; it must be a non-empty string"),
     ("hardware.dtype", 16, r"hardware.dtype is 16; it must be a string or null"),
     ("hardware", [], r"hardware is \[\]; it must be an object"),
-    ("status", "weird", r"status 'weird' is not one of \('running', 'completed', 'failed', 'interrupted'\)"),
+    ("status", "weird", r"status 'weird' is not one of \('running', 'stalled', 'completed', 'failed', 'interrupted'\)"),
     ("status", None, r"status None is not one of"),
 ])
 def test_every_field_the_report_uses_is_checked(tmp_path, dotted, value, message):

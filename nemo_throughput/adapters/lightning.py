@@ -34,6 +34,8 @@ __all__ = ["ThroughputCallback", "describe_run"]
 
 log = package_logger(__name__)
 
+CHECKPOINT_KEY = "nemo_throughput"  # our state in a Lightning checkpoint: which run and segment saved it
+
 
 def _callback_bases() -> tuple[type, ...]:
     bases = []
@@ -135,14 +137,18 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         # Called as the checkpoint is assembled, before it is written: the write is the save's time.
         self.measurement.checkpoint_saving(trainer.global_step)
+        # Kept in every checkpoint: the run and segment that saved it, so that a resume continues that
+        # run. A key of the checkpoint's own, not a callback state_dict: Lightning refuses two callbacks
+        # with state of one kind, and `+callbacks=throughput` beside an explicit callback is two until setup.
+        state = self.measurement.checkpoint_state()
+        if state:
+            checkpoint[CHECKPOINT_KEY] = state
 
-    def state_dict(self) -> dict[str, Any]:
-        # Kept in every checkpoint: the run and segment that saved it, so that a resume continues that run.
-        return self.measurement.checkpoint_state()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         # Lightning restores callbacks after the setup hook and before on_train_start.
-        self.measurement.checkpoint_loaded(state_dict)
+        state = checkpoint.get(CHECKPOINT_KEY)
+        if isinstance(state, Mapping):
+            self.measurement.checkpoint_loaded(state)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
