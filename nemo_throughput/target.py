@@ -19,7 +19,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,12 +176,12 @@ class RunClock:
         if self._mllog is not None:
             self._mllog.run_start(self._global_batch_size, self.clock.started_wall_ms)
 
-    def check(self, metrics: Mapping[str, Any], step: int, after_validation: bool) -> bool | None:
-        """Has the monitored metric reached the target? Returns this rank's vote to stop where the
-        target says ``stop``, else None (every rank checks at the same points, so that a stop
-        decided across ranks pairs its collective)."""
+    def check(self, metrics: Callable[[], Mapping[str, Any]] | None, step: int, after_validation: bool) -> bool | None:
+        """Has the monitored metric (``metrics`` reads them; None: none logged) reached the target?
+        Returns this rank's vote to stop where the target says ``stop``, else None (every rank checks
+        at the same points, so that a stop decided across ranks pairs its collective)."""
         clock = self.clock
-        first = clock.check(metrics, step)
+        first = clock.check(metrics() if metrics is not None else {}, step)
         if self._mllog is not None and after_validation and first is not None:
             self._mllog.evaluation(clock.value, step, samples=step * self._global_batch_size)
         if first:

@@ -36,7 +36,7 @@ from nemo_throughput.goodput_run import RunGoodput
 from nemo_throughput.measured_flops import FirstStepFlops
 from nemo_throughput.run.publishing import Publisher
 from nemo_throughput.run.reporting import Loggers, Reporter
-from nemo_throughput.run.stall import StallWatch
+from nemo_throughput.run.stall import stall_watch
 from nemo_throughput.run.startup import DescribeRun, start_run
 from nemo_throughput.run_facts import Learned, RunFacts
 from nemo_throughput.run_stats import RunStats
@@ -141,16 +141,11 @@ class Measurement:
         if self._reporter is not None:  # a fit after a fit
             self._reporter.close()
         self._reporter = Reporter(self.stats, self._explain, self.publisher, self.run_clock, self._goodput,
-                                  self._loggers, self._log_rank, self._stall_watch())
+                                  self._loggers, self._log_rank,
+                                  stall_watch(self.config, self.rank, self.publisher.output_dir,
+                                              lambda: self._last_step, self.stats.median_step_time_s))
         self._reporter.publish_running(self.facts)
         self._timer.anchor()
-
-    def _stall_watch(self) -> StallWatch | None:
-        """This rank's stall watch (run.stall), unless the stall_factor setting is 0."""
-        if self.config.stall_factor == 0:
-            return None
-        return StallWatch(self.config.stall_factor, self.config.stall_min_s, self.rank, self.publisher.output_dir,
-                          last_step=lambda: self._last_step, median_step_s=self.stats.median_step_time_s)
 
     def watch_sigterm(self) -> None:
         """Install the SIGTERM watch (once): call it after the framework installed its own handler."""
@@ -223,7 +218,7 @@ class Measurement:
             self._timer.anchor()  # stopping the profiler (and reading its trace) is no step's time
         if step % self.config.log_every_n_steps != 0:
             return None
-        vote = self._check_target(metrics, step, after_validation=False)
+        vote = self.run_clock.check(metrics, step, after_validation=False) if self.run_clock is not None else None
         # Steps up to the previous one: their marks are at least one step old.
         steps, extras = self._timer.collect(step - 1), self._sample(step)
         finished, self._in_flight = self._in_flight, self._exchange.start(steps, extras)
@@ -271,15 +266,9 @@ class Measurement:
             return None
         if self._ledger is not None:
             self._ledger.switch(DATA)
-        vote = self._check_target(metrics, steps_done, after_validation=True)
+        vote = self.run_clock.check(metrics, steps_done, after_validation=True) if self.run_clock is not None else None
         self._timer.anchor()  # validation time is not part of the next training step
         return vote
-
-    def _check_target(self, metrics: Callable[[], Mapping[str, Any]] | None, step: int,
-                      after_validation: bool) -> bool | None:
-        if self.run_clock is None:
-            return None
-        return self.run_clock.check(metrics() if metrics is not None else {}, step, after_validation)
 
     # ----------------------------------------------------------------------- end of run
     def train_end(self, steps_done: int) -> None:

@@ -54,6 +54,14 @@ class Stall:
                 "ongoing": self.ongoing, "stacks": self.stacks}
 
 
+def stall_watch(config: Any, rank: int, output_dir: str, last_step: Callable[[], int],
+                median_step_s: Callable[[], float | None]) -> StallWatch | None:
+    """This rank's watch as the settings (config.ThroughputConfig) ask; None where stall_factor is 0."""
+    if config.stall_factor == 0:
+        return None
+    return StallWatch(config.stall_factor, config.stall_min_s, rank, output_dir, last_step, median_step_s)
+
+
 class StallWatch:
     """One rank's watch; :meth:`look` is called on the reporting thread only.
 
