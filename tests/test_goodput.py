@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import nemo_throughput_cli, read_json, run_train_tiny
 from nemo_throughput.goodput import CATEGORIES, LEDGER_FILE, RUN_FILE, Segment, read_ledger, stitch
@@ -480,6 +481,8 @@ def test_two_runs_in_one_root_each_resumed_continue_their_own_by_their_checkpoin
     x = fit(root, tmp_path / "x", 13)
     y = fit(root, tmp_path / "y", 13)
     assert x["run"]["id"] != y["run"]["id"]
+    saved = torch.load(tmp_path / "x" / "epoch=0-step=10.ckpt", weights_only=False)["nemo_throughput"]["goodput"]
+    assert saved["run_id"] == x["run"]["id"] and saved["step"] == 10  # the checkpoint's own key says which run
     resumed_x = fit(root, tmp_path / "x", 15, resume_from=tmp_path / "x" / "epoch=0-step=10.ckpt")
     resumed_y = fit(root, tmp_path / "y", 15, resume_from=tmp_path / "y" / "epoch=0-step=10.ckpt")
     for first, resumed in ((x, resumed_x), (y, resumed_y)):
