@@ -1,6 +1,7 @@
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -41,6 +42,18 @@ def nemo_throughput_cli(*args, cwd=None, env=None, timeout=600):
     """Run the installed `nemo-throughput` command of this interpreter's environment."""
     command = [Path(sys.executable).parent / "nemo-throughput", *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def prometheus_binary(name: str) -> str:
+    """Debian's `prometheus` or `promtool` (the prometheus package ships both; .ci/setup-prometheus
+    installs it): the test skips without it, or fails where NEMO_THROUGHPUT_REQUIRE_PROMETHEUS is set."""
+    binary = shutil.which(name)
+    if binary is None:
+        if os.environ.get("NEMO_THROUGHPUT_REQUIRE_PROMETHEUS"):
+            pytest.fail(f"{name} is required (NEMO_THROUGHPUT_REQUIRE_PROMETHEUS) but not installed: "
+                        ".ci/setup-prometheus installs Debian's prometheus, which ships it")
+        pytest.skip(f"{name} is not installed (Debian's prometheus package ships it: .ci/setup-prometheus)")
+    return binary
 
 
 def free_port() -> int:

@@ -6,8 +6,6 @@ what they fire on: test_prometheus_alerts.py)."""
 
 import json
 import math
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import free_port, read_json, run_train_tiny
+from conftest import free_port, prometheus_binary, read_json, run_train_tiny
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.explain.telemetry import FIELDS
 from nemo_throughput.explain.telemetry_stats import GIB, TelemetryStats
@@ -30,14 +28,7 @@ ALERT_RULES = Path(__file__).parents[1] / "launchers" / "prometheus" / "nemo-thr
 SCRAPE_S = 0.5
 
 
-def _prometheus_binary():
-    binary = shutil.which("prometheus")
-    if binary is None:
-        if os.environ.get("NEMO_THROUGHPUT_REQUIRE_PROMETHEUS"):
-            pytest.fail("prometheus is required (NEMO_THROUGHPUT_REQUIRE_PROMETHEUS) but not installed: "
-                        ".ci/setup-prometheus installs it")
-        pytest.skip("Debian's prometheus is not installed (.ci/setup-prometheus)")
-    return binary
+
 
 
 class PrometheusServer:
@@ -53,7 +44,7 @@ class PrometheusServer:
             "scrape_configs": [{"job_name": "nemo-throughput",
                                 "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in targets]}]}]}))
         self.process = subprocess.Popen(
-            [_prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}",
+            [prometheus_binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL, stderr=open(directory / "prometheus.log", "w"))
         deadline = time.monotonic() + 30

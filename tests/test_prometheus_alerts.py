@@ -4,15 +4,14 @@ series that fire each alert and series that must not. test_prometheus.py loads t
 its real Prometheus and checks that they evaluate there."""
 
 import importlib.resources
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import prometheus_binary
 from nemo_throughput.prometheus import PrometheusEndpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,14 +22,7 @@ ALERTS = {"NemoThroughputStalled": None, "NemoThroughputSlowdown": "10m", "NemoT
 RUN_LABELS = ("run", "run_id", "label", "model", "job_id")
 
 
-def promtool() -> str:
-    binary = shutil.which("promtool")
-    if binary is None:
-        if os.environ.get("NEMO_THROUGHPUT_REQUIRE_PROMETHEUS"):
-            pytest.fail("promtool is required (NEMO_THROUGHPUT_REQUIRE_PROMETHEUS) but not installed: "
-                        ".ci/setup-prometheus installs Debian's prometheus, which ships it")
-        pytest.skip("promtool is not installed (Debian's prometheus package ships it: .ci/setup-prometheus)")
-    return binary
+
 
 
 def rules() -> list[dict]:
@@ -38,13 +30,13 @@ def rules() -> list[dict]:
 
 
 def test_promtool_checks_the_rules():
-    result = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([prometheus_binary("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
 
 
 def test_promtool_fires_each_alert_on_its_series_and_never_on_the_others():
-    result = subprocess.run([promtool(), "test", "rules", str(RULES_TEST)], capture_output=True, text=True,
+    result = subprocess.run([prometheus_binary("promtool"), "test", "rules", str(RULES_TEST)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     tested = set(re.findall(r"alertname: (\w+)", RULES_TEST.read_text()))
