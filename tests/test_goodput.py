@@ -3,6 +3,7 @@ two log steps and resumed from its last checkpoint, read back as one run of two 
 lost steps known exactly; and the ledger arithmetic on its own."""
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -24,18 +25,37 @@ def train(out, *args, **popen):
     return proc.returncode, output
 
 
+def tree(directory):
+    return {path.relative_to(directory): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
 @pytest.mark.slow
 @pytest.mark.invalid_summaries  # one hand-edited summary, refused by the report
 def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_run_of_two_segments(tmp_path):
-    out = tmp_path / "run"
-    returncode, output = train(out, "--kill-at", KILL_AT)
+    """A two-rank run killed after step 13 (checkpoints of 5 and 10). Its directory copied and the copy
+    resumed: the original is left byte for byte, the copy's goodput holds both segments. The original
+    then moved and resumed: one run of two segments, its first found where it lies now."""
+    run = tmp_path / "run"
+    returncode, output = train(run, "--kill-at", KILL_AT)
     assert returncode == -signal.SIGKILL, output
-    killed = read_ledger(out / LEDGER_FILE)  # what the dead segment's memory-mapped ledger kept
+    killed = read_ledger(run / LEDGER_FILE)  # what the dead segment's memory-mapped ledger kept
     assert (killed.first_step, killed.last_step) == (0, KILL_AT)
     assert [step for step, *_ in killed.checkpoints] == [5, 10]
-    first_summary = json.loads((out / "summary.json").read_text())  # its last running summary stays
+    first_summary = json.loads((run / "summary.json").read_text())  # its last running summary stays
     assert first_summary["status"] == "running"
 
+    before, copy = tree(run), tmp_path / "copy"
+    assert RUN_FILE in {str(path) for path in before}  # the killed segment's own goodput.json
+    shutil.copytree(run, copy, symlinks=True)
+    returncode, output = train(copy, "--resume")
+    assert returncode == 0, output
+    assert tree(run) == before
+    copied = json.loads((copy / RUN_FILE).read_text())
+    assert copied["run_id"] == killed.run_id and copied["segments"][0]["dir"] == str(copy)
+    assert [row["joined_by"] for row in copied["segments"]] == [None, "checkpoint"]
+
+    out = tmp_path / "moved"
+    run.rename(out)
     returncode, output = train(out, "--resume")
     assert returncode == 0, output
     (second_dir,) = [path.parent for path in out.glob(f"*/{LEDGER_FILE}")]
@@ -51,6 +71,7 @@ def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_run_of_two_segments
     assert {k: v for k, v in summary["goodput"].items() if k not in ("file", "segment")} == \
         {k: v for k, v in goodput.items() if k != "schema"}
     first, second = goodput["segments"]
+    assert first["dir"] == str(out) and second["run_id"] != copied["segments"][1]["run_id"] and goodput["notes"] == []
     # Steps 11-13 were trained after the checkpoint of step 10 and again after the restart.
     assert (first["lost_steps"], first["lost_estimated"], second["lost_steps"]) == (3, False, 0)
     _, step_at_10, data_at_10 = killed.checkpoints[-1]
@@ -496,47 +517,3 @@ def test_two_runs_in_one_root_each_resumed_continue_their_own_by_their_checkpoin
     assert [row["run_id"] for row in branch["segments"]] == [x["run"]["id"], branch["segments"][1]["run_id"]]
     assert branch["segment"] == 2 and branch["steps"] == {"trained": 13 + 2, "lost": 3, "last": 12}
     assert len(branch["notes"]) == 1 and "another branch of run " + x["run"]["id"] in branch["notes"][0]
-
-
-def train_one(out, *args):
-    proc = run_train_tiny("--output-dir", out, "--steps", STEPS, "--log-every", 4, "--warmup", 1,
-                          "--checkpoint-every", CHECKPOINT_EVERY, *args, start_new_session=True)
-    output, _ = proc.communicate(timeout=240)
-    return proc.returncode, output
-
-
-def tree(directory):
-    return {path.relative_to(directory): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
-
-
-@pytest.mark.slow
-def test_a_run_copied_or_moved_then_resumed_keeps_its_first_segment_and_never_writes_into_the_original(tmp_path):
-    """A run killed after step 13 (checkpoint of 10), its directory copied and the copy resumed: the
-    original is left byte for byte, the copy's goodput.json holds both segments. The original then
-    moved and resumed: its first segment is found where it lies now, not where it ran."""
-    import shutil
-
-    original, copy, moved = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    returncode, output = train_one(original, "--kill-at", KILL_AT)
-    assert returncode == -signal.SIGKILL, output
-    first = read_ledger(original / LEDGER_FILE)
-    before = tree(original)
-    assert RUN_FILE in {str(path) for path in before}  # the killed segment's own goodput.json
-    shutil.copytree(original, copy, symlinks=True)
-
-    returncode, output = train_one(copy, "--resume")
-    assert returncode == 0, output
-    assert tree(original) == before
-    goodput = json.loads((copy / RUN_FILE).read_text())
-    assert goodput["run_id"] == first.run_id and [row["dir"] for row in goodput["segments"]][0] == str(copy)
-    assert [row["joined_by"] for row in goodput["segments"]] == [None, "checkpoint"]
-    assert goodput["steps"] == {"trained": KILL_AT + STEPS - 10, "lost": 3, "last": STEPS}
-    copy_segment = goodput["segments"][1]["run_id"]
-
-    original.rename(moved)
-    returncode, output = train_one(moved, "--resume")
-    assert returncode == 0, output
-    goodput = json.loads((moved / RUN_FILE).read_text())
-    assert goodput["run_id"] == first.run_id and goodput["segments"][0]["dir"] == str(moved)
-    assert len(goodput["segments"]) == 2 and copy_segment not in [row["run_id"] for row in goodput["segments"]]
-    assert goodput["steps"]["lost"] == 3 and goodput["notes"] == []
