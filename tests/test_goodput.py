@@ -19,7 +19,7 @@ STEPS, CHECKPOINT_EVERY, KILL_AT = 20, 5, 13  # log steps 4, 8, 12, 16; checkpoi
 
 
 def train(out, *args, **popen):
-    proc = run_train_tiny("--output-dir", out, "--devices", 2, "--steps", STEPS, "--log-every", 4, "--warmup", 1,
+    proc = run_train_tiny("--output-dir", out, "--steps", STEPS, "--log-every", 4, "--warmup", 1,
                           "--checkpoint-every", CHECKPOINT_EVERY, *args, start_new_session=True, **popen)
     output, _ = proc.communicate(timeout=240)
     return proc.returncode, output
@@ -32,7 +32,7 @@ def tree(directory):
 @pytest.mark.slow
 @pytest.mark.invalid_summaries  # one hand-edited summary, refused by the report
 def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_run_of_two_segments(tmp_path):
-    """A two-rank run killed after step 13 (checkpoints of 5 and 10). Its directory copied and the copy
+    """A run killed after step 13 (checkpoints of 5 and 10). Its directory copied and the copy
     resumed: the original is left byte for byte, the copy's goodput holds both segments. The original
     then moved and resumed: one run of two segments, its first found where it lies now."""
     run = tmp_path / "run"

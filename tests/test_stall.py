@@ -54,6 +54,21 @@ def test_no_stall_before_the_median_is_known_nor_after_the_watch_stopped(tmp_pat
     assert stall.look(now=20_000.0) is None and stall.records() == []
 
 
+def test_a_stall_whose_steps_resumed_within_the_last_look_before_the_end_is_over(tmp_path):
+    progress = Progress()
+    stall = watch(tmp_path, progress)
+    stall.look(now=0.0)
+    assert stall.look(now=2.0) == "stalled"
+    progress.step = 14  # the hang ended, and the last steps ran before the next look
+    stall.stop()
+    assert stall.records()[0]["ongoing"] is False and stall.look(now=3.0) is None
+    hung = watch(tmp_path, Progress())
+    hung.look(now=0.0)
+    assert hung.look(now=2.0) == "stalled"
+    hung.stop()  # the run ends (fails) while no step has ended: the stall was never over
+    assert hung.records()[0]["ongoing"] is True
+
+
 def test_every_stall_is_appended_to_the_rank_s_stacks_with_every_thread(tmp_path):
     progress = Progress()
     stall = watch(tmp_path, progress, rank=3)

@@ -78,11 +78,18 @@ class StallWatch:
         self.last_step_epoch_s = 0.0  # the same, as a Unix time (0: no look yet)
         self.look_every_s = look_every_s(min_s)
         self.stalls: list[Stall] = []
-        self.stopped = False  # training ended: no more looks
+        self.stopped = False  # training ended (stop): no more looks
 
     @property
     def stalled(self) -> bool:
         return bool(self.stalls) and self.stalls[-1].ongoing
+
+    def stop(self) -> None:
+        """Training ended: no more looks. A stall whose steps resumed since the last look ended (the
+        run may end within one look of resuming)."""
+        self.stopped = True
+        if self.stalled and self._last_step() != self._seen_step:
+            self.stalls[-1].ongoing = False
 
     def records(self) -> list[dict[str, Any]]:
         """The summary's ``stalls``: every stall so far, the ongoing one last."""
