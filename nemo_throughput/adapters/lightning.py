@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from nemo_throughput.adapters.nemo import read_module
-from nemo_throughput.batches import batch_layout
 from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.hardware import dtype_for_precision
 from nemo_throughput.run.measurement import Measurement, MeasurementView
@@ -114,10 +113,9 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
     # ----------------------------------------------------------------------- hot path
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.measurement.step_start(trainer.global_step)
-        if self._batch_unseen:  # once per fit: the layout of the batches, from the first one's keys and shapes
-            self._batch_unseen = False
-            self.measurement.batch_seen(batch_layout(batch))
-        self.measurement.count_batch(batch)  # packed or padded batches: a few device operations
+        # The fit's first batch gives the layout (keys and shapes); packed or padded: a few device operations.
+        self.measurement.count_batch(batch, first=self._batch_unseen)
+        self._batch_unseen = False
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self.measurement.before_backward()

@@ -27,7 +27,7 @@ import torch
 
 from nemo_throughput import distributed
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered
-from nemo_throughput.batches import BatchCounting, Count
+from nemo_throughput.batches import BatchCounting, Count, batch_layout
 from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED
@@ -153,15 +153,12 @@ class Measurement:
             self.publisher.watch_sigterm()
 
     # ----------------------------------------------------------------------- hot path
-    def batch_seen(self, layout: str | None) -> None:
-        """The first training batch's layout (batches.batch_layout), told once by an adapter that sees
-        it (batches.BatchCounting.seen)."""
+    def count_batch(self, batch: Any, first: bool = False) -> None:
+        """A micro-batch of the step in progress (``first``: the fit's first, whose layout the others
+        must share: batches.BatchCounting.seen), checked, and counted where packed or padded."""
         if self._batches is not None:
-            self._batches.seen(layout)
-
-    def count_batch(self, batch: Any) -> None:
-        """A micro-batch of the step in progress, counted where the run's batches are packed or padded."""
-        if self._batches is not None:
+            if first:
+                self._batches.seen(batch_layout(batch))
             self._batches.add_batch(batch)
 
     def count_accumulated(self, slots: Count, seqlen_sq: Count, source: str) -> None:
