@@ -71,7 +71,7 @@ def read_micro_batch(batch: Any) -> MicroBatch | str:
     key = next((name for name in LENGTH_KEYS if name in batch), None)
     name = key or MASK_KEY
     values, tokens = batch.get(name), next((batch[k] for k in TOKEN_KEYS if k in batch), None)
-    shape = _shape(tokens)
+    shape = shape_of(tokens)
     refused = _refused(name, values, shape, bounds=key is not None)
     if refused is not None:
         return refused
@@ -108,7 +108,8 @@ def _refused(name: str, values: Any, tokens: tuple[int, ...] | None, bounds: boo
     return f"{name} holds fewer than 2 bounds a row (shape {list(values.shape)})" if values.shape[-1] < 2 else None
 
 
-def _shape(value: Any) -> tuple[int, ...] | None:
+def shape_of(value: Any) -> tuple[int, ...] | None:
+    """A tensor-like value's shape as a tuple; None for anything without one."""
     shape = getattr(value, "shape", None)
     return tuple(shape) if shape is not None and not callable(shape) else None
 

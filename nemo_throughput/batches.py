@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-from nemo_throughput.batch_checks import HOST, MASK_KEY, PACKED_KEYS, TOKEN_KEYS, problems_text, read_micro_batch
+from nemo_throughput.batch_checks import (
+    HOST,
+    MASK_KEY,
+    PACKED_KEYS,
+    TOKEN_KEYS,
+    problems_text,
+    read_micro_batch,
+    shape_of,
+)
 from nemo_throughput.text import package_logger
 
 log = package_logger(__name__)
@@ -32,20 +40,15 @@ def batch_layout(batch: Any) -> str | None:
         if any(key in batch for key in PACKED_KEYS):
             return PACKED
         tokens = next((batch[key] for key in TOKEN_KEYS if key in batch), None)
-        if _shape(tokens) is None:
+        if shape_of(tokens) is None:
             return None
-        mask = _shape(batch.get(MASK_KEY))
+        mask = shape_of(batch.get(MASK_KEY))
         return PADDED if mask is not None and len(mask) == 2 else FIXED  # one unlike the tokens: not counted
-    if _shape(batch) is not None:
+    if shape_of(batch) is not None:
         return FIXED
-    if isinstance(batch, (list, tuple)) and batch and all(_shape(item) is not None for item in batch):
+    if isinstance(batch, (list, tuple)) and batch and all(shape_of(item) is not None for item in batch):
         return FIXED
     return None
-
-
-def _shape(value: Any) -> tuple[int, ...] | None:
-    shape = getattr(value, "shape", None)
-    return tuple(shape) if shape is not None and not callable(shape) else None
 
 
 Count = int | torch.Tensor  # a Python int, or a scalar tensor on the batch's device
