@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import socket
+import stat
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -386,11 +387,21 @@ def _output_dir_error(requested: Path, candidate: Path, error: OSError) -> Outpu
         + (f" (asked for {requested})" if candidate != requested else ""))
 
 
+MAX_SUMMARY_BYTES = 64 * 1024 ** 2  # far above any summary's size
+
+
 def read_summary(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a summary, checking that it is one of ours and of this schema version."""
+    """Load a summary, checking that it is one of ours and of this schema version. Read from a
+    regular file of at most MAX_SUMMARY_BYTES only, never waiting: a FIFO where a summary belongs
+    would hang every reader (report, compare, import)."""
     try:
-        summary = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_SUMMARY_BYTES:
+                raise ValueError(f"{path}: not a summary file (a FIFO, device or directory, or over "
+                                 f"{MAX_SUMMARY_BYTES // 1024 ** 2} MiB)")
+            summary = json.loads(file.read())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: not a readable JSON summary ({error})") from error
     schema = summary.get("schema") if isinstance(summary, dict) else None
     if schema != SCHEMA:

@@ -425,3 +425,16 @@ def test_outlier_steps_become_a_note_beside_the_median(tmp_path):
     (note,) = load_run(path).notes
     assert note == (f"{path}: outlier steps: 1 (the longest: step 4, 9 s, in data); the mean step time 3 s counts "
                     "it, the median is 1 s")
+
+
+@pytest.mark.parametrize("where", ["given", "in a folder"])
+def test_a_fifo_where_a_summary_belongs_is_refused_at_once_never_waited_on(tmp_path, capsys, where):
+    """A reader of a FIFO waits for a writer that never comes: report (and compare, import) would hang."""
+    import os
+
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "run" / "summary.json")
+    target = tmp_path / "run" / "summary.json" if where == "given" else tmp_path
+    code = main(["report", str(target)])
+    err = capsys.readouterr().err
+    assert code == 2 and "not a summary file (a FIFO, device or directory" in err, err
