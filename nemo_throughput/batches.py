@@ -29,6 +29,7 @@ from nemo_throughput.text import package_logger
 log = package_logger(__name__)
 
 FIXED, PACKED, PADDED = "fixed", "packed", "padded"
+_PACKED = frozenset(PACKED_KEYS)
 
 
 def batch_layout(batch: Any) -> str | None:
@@ -36,10 +37,16 @@ def batch_layout(batch: Any) -> str | None:
     mask beside the token rows: padding, or segment ids of sequences packed in a row), FIXED
     (token rows without either; a 4-D mask says nothing of padding), or None when the hook was
     handed no batch it can read (Megatron strategies pass an iterator)."""
-    if isinstance(batch, Mapping):
-        if any(key in batch for key in PACKED_KEYS):
+    # Read on every micro-batch: a dict is checked before the ABC (whose check costs several calls),
+    # and no generator runs (each of its steps is a call).
+    if isinstance(batch, (dict, Mapping)):
+        if not _PACKED.isdisjoint(batch.keys()):
             return PACKED
-        tokens = next((batch[key] for key in TOKEN_KEYS if key in batch), None)
+        tokens = None
+        for key in TOKEN_KEYS:
+            if key in batch:
+                tokens = batch[key]
+                break
         if shape_of(tokens) is None:
             return None
         mask = shape_of(batch.get(MASK_KEY))
@@ -94,7 +101,7 @@ class TokenCounter:
     def __init__(self) -> None:
         self.unreadable: str | None = None
         self.source: str | None = None  # where the counts come from (a batch key, or a framework's accumulators)
-        self._step: list[Count | None] | None = None  # [tokens, slots, seqlen_sq, bad, problems] of the step so far
+        self.so_far: list[Count | None] | None = None  # [tokens, slots, seqlen_sq, bad, problems] of the step; None: none yet
 
     def add_batch(self, batch: Any) -> None:
         """One micro-batch of the step in progress (a packed or padded one)."""
@@ -119,15 +126,15 @@ class TokenCounter:
         self._add((None, slots, seqlen_sq, None, 0))
 
     def _add(self, counts: tuple[Count | None, ...]) -> None:
-        if self._step is None:
-            self._step = list(counts)
+        if self.so_far is None:
+            self.so_far = list(counts)
             return
-        summed = [None if a is None or b is None else a + b for a, b in zip(self._step[:-1], counts[:-1], strict=True)]
-        self._step = [*summed, self._step[-1] | counts[-1]]  # the problems' bitmask: or, not sum
+        summed = [None if a is None or b is None else a + b for a, b in zip(self.so_far[:-1], counts[:-1], strict=True)]
+        self.so_far = [*summed, self.so_far[-1] | counts[-1]]  # the problems' bitmask: or, not sum
 
     def step_done(self) -> StepCounts | None:
         """The step ended: its counts (None when no micro-batch was seen), the copy to the host enqueued."""
-        counted, self._step = self._step, None
+        counted, self.so_far = self.so_far, None
         return StepCounts(tuple(counted)) if counted is not None else None
 
 
@@ -145,16 +152,19 @@ class BatchCounting:
         self._facts, self._learned, self._rank = facts, learned, rank
         self._counter: TokenCounter | None = None
         self._layout: str | None = None  # the first batch's, every micro-batch's must be; None: not checked
+        self._plain_tensor: type | None = None  # torch.Tensor where the first batch was one: so is every fixed one
         self._fixed_checked = False  # a fixed-length micro-batch of the step in progress passed the check
 
-    def seen(self, layout: str | None) -> None:
-        """The first training batch's layout (:func:`batch_layout`); None (no readable batch) keeps
+    def seen(self, batch: Any) -> None:
+        """The first training batch: its layout (:func:`batch_layout`); None (no readable batch) keeps
         what the framework's config said (NeMo 2's packed data module). Packed or padded batches
         are counted from then on; where only the config says so, the config's tokens per step count
         padding: the summary and a warning say so."""
         if self._facts.seq_length is None:  # samples that are not token sequences
             return
-        self._layout = layout
+        self._layout = layout = batch_layout(batch)
+        if layout == FIXED and type(batch) is torch.Tensor:
+            self._plain_tensor = torch.Tensor
         if layout is not None:
             self._learned.batch_layout = layout
             self._counter = TokenCounter()
@@ -165,6 +175,9 @@ class BatchCounting:
     def add_batch(self, batch: Any) -> None:
         """A micro-batch of the step in progress: its layout checked against the first one's (on the
         host), and counted and checked (on the device) where the run's batches are packed or padded."""
+        if type(batch) is self._plain_tensor:  # the common case, kept to a compare and a store
+            self._fixed_checked = True
+            return
         counter = self._counter
         if self._layout is None or counter is None:
             return
@@ -203,9 +216,9 @@ class BatchCounting:
         if counter is None:
             return None
         fixed_checked, self._fixed_checked = self._fixed_checked, False
-        counts = counter.step_done()
-        if counts is None and fixed_checked:
+        if fixed_checked and counter.so_far is None:
             return FIXED_CHECKED
+        counts = counter.step_done()
         if counter.source is not None and self._learned.batch_count_source is None:
             self._learned.batch_count_source = counter.source
         return counts

@@ -3,8 +3,9 @@
 Each segment of a run (one training process, from its start to its end or its death) keeps a
 :class:`Ledger` on rank 0: the seconds spent in each state (start-up, training steps, waiting for
 data, validation, checkpoint saves) and the last step finished, in a small file mapped into memory.
-An event is one clock read and a few stores into that memory; the kernel keeps the pages when the
-process is killed (SIGKILL included), so a dead segment's ledger is exact to its last event.
+An event is one clock read and a few stores into that memory (a step's start is kept until its end
+and stored with it); the kernel keeps the pages when the process is killed (SIGKILL included), so a
+dead segment's ledger is exact to its last event.
 
 A segment that continues an earlier one (a resume from a checkpoint, a requeued Slurm job, a
 restarted Kubernetes pod) takes its run id (goodput_segments says which run it continues);
@@ -77,28 +78,52 @@ class Ledger:
         self._epoch_minus_monotonic = time.time() - time.monotonic()
         self._since = started - self._epoch_minus_monotonic
         self._state = 0
+        self._step_started: float | None = None  # monotonic; a step's start not written yet (step_starts)
         self._numbers[_STARTED] = started
         self._numbers[_FIRST_STEP] = self._numbers[_LAST_STEP] = -1.0
         self._numbers[_LAST] = started
 
+    def step_starts(self) -> None:
+        """A step (or a micro-batch of it) starts: kept in memory, written by the next event (its end,
+        normally), so that an ordinary step writes to the mapped page once. A segment killed within a
+        step keeps its ledger as of the step before."""
+        if self._step_started is None:
+            self._step_started = time.monotonic()
+
     def switch(self, state: int) -> None:
-        """The time since the last event was spent in the current state; ``state`` (STARTUP...) starts now."""
+        """The time since the last event was spent in the current state (and, after a step's start,
+        in the step); ``state`` (STARTUP...) starts now."""
         now = time.monotonic()
-        self._numbers[_TOTALS + self._state] += now - self._since
+        numbers, started = self._numbers, self._step_started
+        if started is not None:
+            numbers[_TOTALS + self._state] += started - self._since
+            self._since, self._state, self._step_started = started, STEP, None
+        numbers[_TOTALS + self._state] += now - self._since
         self._since, self._state = now, state
-        self._numbers[_STATE] = state
-        self._numbers[_LAST] = now + self._epoch_minus_monotonic
+        numbers[_STATE] = state
+        numbers[_LAST] = now + self._epoch_minus_monotonic
 
     def charge(self, state: int) -> None:
         """The time since the last event was spent in ``state`` (learnt after the fact: Megatron-Bridge
-        tells of a checkpoint once saved); the current state goes on from now."""
+        tells of a checkpoint once saved; a step's start still unwritten counts as the step's); the
+        current state goes on from now."""
         current = self._state
         self._state = state
         self.switch(current)
 
     def step_done(self, step: int) -> None:
-        self._numbers[_LAST_STEP] = step
-        self.switch(DATA)
+        """Step ``step`` (or a micro-batch of it) ended: switch(DATA) with the step's number, in one
+        frame (every step: a call between the model's kernels costs microseconds)."""
+        now = time.monotonic()
+        numbers, started = self._numbers, self._step_started
+        if started is not None:
+            numbers[_TOTALS + self._state] += started - self._since
+            self._since, self._state, self._step_started = started, STEP, None
+        numbers[_TOTALS + self._state] += now - self._since
+        numbers[_LAST_STEP] = step
+        numbers[_STATE] = DATA
+        numbers[_LAST] = now + self._epoch_minus_monotonic
+        self._since, self._state = now, DATA
 
     def start_training(self, first_step: int, identity: Mapping[str, Any]) -> None:
         """Start-up is over; ``identity`` (JSON) says which run and segment this is."""

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 if TYPE_CHECKING:
     import torch
 
-LOGGED, START, BACKWARD, OPTIMIZER = "logged", "start", "backward", "optimizer"  # marks inside a step
+# The marks inside a step, slots of its list of marks (an index costs less than a key on the hot path).
+LOGGED, START, BACKWARD, OPTIMIZER = range(4)
 PHASE_TIMES = ("logging_s", "data_s", "forward_s", "backward_s", "optimizer_s")  # durations between the marks
 # What one rank's micro-batches of a step held, where they were counted (batches.TokenCounter):
 # real tokens, token slots (padding included) and the sum over sequences of length squared.
@@ -60,8 +61,7 @@ class Clock(Protocol):
 class HostClock:
     """Host monotonic clock: marks are ``perf_counter_ns`` readings, complete when taken."""
 
-    def mark(self) -> int:
-        return time.perf_counter_ns()
+    mark = staticmethod(time.perf_counter_ns)  # the builtin itself: no Python frame per mark
 
     def ready(self, mark: int) -> bool:
         return True
@@ -78,17 +78,43 @@ class HostClock:
 
 class CudaClock:
     """CUDA events on the current stream. ``mark`` enqueues; nothing here blocks but ``wait``.
-    An event read (or never to be read) is ``release``d to a pool that ``mark`` takes from."""
+    An event read (or never to be read) is ``release``d to a pool that ``mark`` takes from.
+
+    ``Event.record()`` finds the current stream through some ten Python calls of torch's
+    (``torch.cuda.current_stream``), every time; ``mark`` asks torch's C layer for the current
+    device's current stream and records on a Stream object made once per stream: the same stream,
+    with no Python frame. Where torch's C layer differs (checked once, here), ``record()`` it is."""
 
     def __init__(self) -> None:
         import torch  # here, not at the top (nor in mark, every step): summaries and the CLI load no torch
 
         self._new_event = torch.cuda.Event
         self._free: list[torch.cuda.Event] = []
+        self._streams: dict[tuple[int, int, int], torch.cuda.Stream] | None = None  # None: record() finds it
+        try:
+            current_device, current_stream = torch._C._cuda_getDevice, torch._C._cuda_getCurrentStream
+            raw = current_stream(current_device())
+            stream = torch.cuda.Stream(stream_id=raw[0], device_index=raw[1], device_type=raw[2])
+            if stream == torch.cuda.current_stream():
+                self._current_device, self._current_stream = current_device, current_stream
+                self._record = torch._C._CudaEventBase.record
+                self._streams = {tuple(raw): stream}
+        except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
+            pass
 
     def mark(self) -> torch.cuda.Event:
         event = self._free.pop() if self._free else self._new_event(enable_timing=True)
-        event.record()
+        if self._streams is None:
+            event.record()
+            return event
+        raw = self._current_stream(self._current_device())
+        stream = self._streams.get(raw)
+        if stream is None:  # a stream this clock has not recorded on yet (a side stream's context)
+            import torch
+
+            stream = self._streams[raw] = torch.cuda.Stream(stream_id=raw[0], device_index=raw[1],
+                                                            device_type=raw[2])
+        self._record(event, stream)
         return event
 
     def release(self, mark: torch.cuda.Event) -> None:
@@ -148,48 +174,44 @@ class StepTimes(NamedTuple):
         return cls(step=step, **kwargs)
 
 
-class _RecordedStep(NamedTuple):
-    """A finished step whose marks have not been read yet (a tuple: one is made every step)."""
-
-    step: int
-    anchor: Any  # previous step's end, or a fresh anchor after validation
-    end: Any
-    marks: dict[str, Any]
-    counts: Any  # batches.StepCounts, read with the marks; None: not counted
-
-
 class StepTimer:
-    """Records marks on the hot path and turns them into :class:`StepTimes` when collected."""
+    """Records marks on the hot path and turns them into :class:`StepTimes` when collected.
+
+    A finished step waits in ``_pending`` as a plain tuple (one is made every step): ``(step, anchor,
+    end, marks, counts)``; ``anchor`` is the previous step's end (or a fresh anchor after
+    validation), ``marks`` its list indexed by LOGGED..OPTIMIZER (None: not marked), ``counts`` its
+    batches.StepCounts (None: not counted)."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
+        self._now = clock.mark  # bound once: a host clock's is the builtin itself
         self._anchor: Any = None
-        self._marks: dict[str, Any] = {}
-        self._pending: deque[_RecordedStep] = deque()
+        self._marks: list[Any] = [None] * 4
+        self._pending: deque[tuple[int, Any, Any, list[Any], Any]] = deque()
 
     def anchor(self) -> None:
         """Start the next step's interval now (at training start, and after validation)."""
-        self._anchor = self.clock.mark()
-        self._marks = {}
+        self._anchor = self._now()
+        self._marks = [None] * 4
 
-    def mark(self, name: str) -> None:
+    def mark(self, index: int) -> None:
         """Mark LOGGED, START, BACKWARD or OPTIMIZER in the step in progress; START keeps its first,
-        others their last."""
-        if name == START and START in self._marks:
-            return
-        replaced = self._marks.get(name)
-        self._marks[name] = self.clock.mark()
-        if replaced is not None:  # an earlier micro-batch's: never read
+        others their last (an earlier micro-batch's is never read)."""
+        replaced = self._marks[index]
+        if replaced is not None:
+            if index == START:
+                return
             self.clock.release(replaced)
+        self._marks[index] = self._now()
 
     def end_step(self, step: int, counts: Any = None) -> None:
         """``counts``: the step's batch counts (batches.StepCounts), whose copy to the host was
         enqueued before this end mark: complete when the mark is."""
-        end = self.clock.mark()
-        anchor = self._anchor if self._anchor is not None else self._marks.get(START)
+        end = self._now()
+        anchor = self._anchor if self._anchor is not None else self._marks[START]
         if anchor is not None:
-            self._pending.append(_RecordedStep(step, anchor, end, self._marks, counts))
-        self._anchor, self._marks = end, {}
+            self._pending.append((step, anchor, end, self._marks, counts))
+        self._anchor, self._marks = end, [None] * 4
 
     @property
     def pending(self) -> int:
@@ -204,32 +226,33 @@ class StepTimer:
         may be stuck behind a collective that will never finish).
         """
         collected = []
-        while self._pending and (through_step is None or self._pending[0].step <= through_step):
-            if not self.clock.ready(self._pending[0].end):
+        while self._pending and (through_step is None or self._pending[0][0] <= through_step):
+            end = self._pending[0][2]
+            if not self.clock.ready(end):
                 if not wait:
                     break
-                self.clock.wait(self._pending[0].end)
+                self.clock.wait(end)
             open_step = self._pending.popleft()
-            collected.append(self._read(open_step))
+            collected.append(self._read(*open_step))
             # Read: its anchor and marks go back to the pool (each once: the anchor may be its START),
             # and its end too unless it is the next step's anchor (a validation gave that a fresh one).
-            read = [open_step.anchor, *open_step.marks.values()]
-            if open_step.end is not (self._pending[0].anchor if self._pending else self._anchor):
-                read.append(open_step.end)
+            _, anchor, end, marks, _ = open_step
+            read = [anchor, *(mark for mark in marks if mark is not None)]
+            if end is not (self._pending[0][1] if self._pending else self._anchor):
+                read.append(end)
             for mark in {id(m): m for m in read}.values():
                 self.clock.release(mark)
         return collected
 
-    def _read(self, s: _RecordedStep) -> StepTimes:
-        seconds, marks = self.clock.seconds, s.marks
-        logged = marks.get(LOGGED)
-        chain = (logged or s.anchor, marks.get(START), marks.get(BACKWARD), marks.get(OPTIMIZER), s.end)
+    def _read(self, step: int, anchor: Any, end: Any, marks: list[Any], counts: Any) -> StepTimes:
+        seconds = self.clock.seconds
+        logged, start, backward, optimizer = marks
+        chain = (anchor if logged is None else logged, start, backward, optimizer, end)
         # Each phase is measured between the marks that bound it; a missing mark leaves it None. A
         # step after no log step of ours has no LOGGED mark: its logging phase is 0.
-        logging_s = seconds(s.anchor, logged) if logged is not None else 0.0
+        logging_s = seconds(anchor, logged) if logged is not None else 0.0
         phases = [logging_s, *(
             seconds(a, b) if a is not None and b is not None else None
             for a, b in itertools.pairwise(chain)
         )]
-        counts = s.counts.read() if s.counts is not None else ()
-        return StepTimes(s.step, seconds(s.anchor, s.end), *phases, *counts)
+        return StepTimes(step, seconds(anchor, end), *phases, *(counts.read() if counts is not None else ()))

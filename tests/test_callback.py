@@ -590,3 +590,125 @@ def test_a_step_held_by_another_callback_is_named_an_outlier_beside_the_median(t
     report = subprocess.run([sys.executable, "-m", "nemo_throughput.cli", "report", callback.summary_path],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and f"note: {callback.summary_path}: outlier steps: {said}" in report.stderr
+
+
+# Python frames an ordinary step (not a log step, fixed-length batches) enters in our four hooks,
+# ours and the frameworks' (Lightning's global_step alone is six), the goodput ledger included. Between the model's kernels each one costs cache misses, not
+# nanoseconds (docs/performance.md): a change that adds one should say why.
+ORDINARY_STEP_FRAMES = {"tensor": 16, "dict": 19}
+
+
+@pytest.mark.parametrize("batches", ["tensor", "dict"])
+def test_an_ordinary_step_enters_few_frames_of_ours(batches, tmp_path, quiet_trainer_kwargs):
+    """Counted with sys.setprofile in a real fit, at steps 6 and 7 (log steps are 4 and 8): the
+    hooks of an ordinary step, fixed-length batches whose layout is checked, no profile window."""
+    import sys
+
+    rows = torch.randint(64, (64, 9))
+    data = [{"tokens": rows[i:i + 2]} for i in range(0, 64, 2)] if batches == "dict" else rows
+    pl, module = tiny_lm(data=data, batch_size=None if batches == "dict" else 2,
+                         tokens=(lambda batch: batch["tokens"]) if batches == "dict" else (lambda batch: batch))
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=4, warmup_steps=1,
+                                  model_name="tiny", seq_length=8, global_batch_size=2, flops_per_sample=1e6)
+    frames: dict[int, list[str]] = {}
+    hooks = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end")
+
+    def counted(hook, name):
+        def run(trainer, *args):
+            step = trainer.global_step + (name != "on_train_batch_end")  # the step this call belongs to
+            if step not in (6, 7):
+                return hook(trainer, *args)
+
+            def profile(frame, event, arg):
+                if event == "call":
+                    frames.setdefault(step, []).append(f"{name}: {frame.f_code.co_filename}:{frame.f_code.co_name}")
+            sys.setprofile(profile)
+            try:
+                return hook(trainer, *args)
+            finally:
+                sys.setprofile(None)
+        return run
+
+    for name in hooks:
+        setattr(callback, name, counted(getattr(callback, name), name))
+    trainer = pl.Trainer(max_steps=9, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
+    trainer.fit(module)
+    assert callback.summary_path and json.loads(open(callback.summary_path).read())["status"] == "completed"
+    assert callback.measurement._ledger is None  # closed at the end: it was on the hot path (rank 0) until then
+    for step in (6, 7):
+        entered = frames[step]
+        assert len(entered) <= ORDINARY_STEP_FRAMES[batches], "\n".join(entered)
+        assert not any(name.endswith(("_sample", "collect", "read_micro_batch")) for name in entered), entered
+
+
+def test_steps_are_lightning_s_global_step_under_manual_optimization_with_two_optimizers(tmp_path,
+                                                                                       quiet_trainer_kwargs):
+    """Two optimizers stepped by hand each batch: global_step moves by two per batch, and so do the
+    steps the callback reads from Lightning's step counter on the hot path."""
+    import pytorch_lightning as pl
+
+    class TwoOptimizers(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.embedding, self.head = torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.cross_entropy(self.head(self.embedding(batch[:, :-1])).flatten(0, 1),
+                                                     batch[:, 1:].flatten())
+            self.manual_backward(loss)
+            for optimizer in self.optimizers():
+                optimizer.step()
+                optimizer.zero_grad()
+
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.embedding.parameters(), lr=0.1), torch.optim.SGD(self.head.parameters(), lr=0.1)]
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.randint(64, (64, 9)), batch_size=2)
+
+    seen = []
+
+    class Watch(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            seen.append(trainer.global_step)
+
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=4, warmup_steps=1,
+                                  model_name="tiny", seq_length=8, global_batch_size=2, flops_per_sample=1e6)
+    trainer = pl.Trainer(max_steps=12, callbacks=[callback, Watch()], logger=False, **quiet_trainer_kwargs)
+    trainer.fit(TwoOptimizers())
+    assert seen == [2, 4, 6, 8, 10, 12]
+    assert callback._step_counter is not None  # read on the hot path, and never found to disagree
+    summary = json.loads(open(callback.summary_path).read())
+    assert summary["status"] == "completed" and summary["timing"]["last_step"] == 12
+    assert summary["timing"]["steps_measured"] == 6  # the ends at steps 2, 4 .. 12 (warm-up: step 1)
+
+
+def test_a_step_counter_that_stops_agreeing_with_global_step_is_dropped_with_a_warning(tmp_path, quiet_trainer_kwargs,
+                                                                                    monkeypatch, caplog):
+    """A Lightning whose step counter is not the one read (stood in for by replacing it mid-run with one
+    that stays at 3): the periodic check finds it, says so, and global_step is read from then on."""
+    import logging
+    import types
+
+    import pytorch_lightning as pl
+
+    from nemo_throughput.adapters import lightning as adapter
+
+    monkeypatch.setattr(adapter, "STEP_COUNTER_CHECK_EVERY", 8)
+
+    class Stale(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 3:
+                callback._step_counter = types.SimpleNamespace(completed=3)
+
+    pl_, module = tiny_lm()
+    callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=4, warmup_steps=1,
+                                  model_name="tiny", seq_length=8, global_batch_size=2, flops_per_sample=1e6)
+    trainer = pl.Trainer(max_steps=20, callbacks=[Stale(), callback], logger=False, **quiet_trainer_kwargs)
+    with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
+        trainer.fit(module)
+    assert callback._step_counter is None
+    assert "Lightning's optimizer-step counter says 3, trainer.global_step 9: reading trainer.global_step" in caplog.text
+    summary = json.loads(open(callback.summary_path).read())
+    assert summary["status"] == "completed" and summary["timing"]["last_step"] == 20

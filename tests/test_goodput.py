@@ -246,7 +246,7 @@ def test_a_host_clock_behind_neither_reorders_the_segments_nor_shrinks_the_wall_
     """The second segment's host runs an hour behind: its ledger still says it is segment 2, the
     wall time is each segment's span by its own clock (the restart between them unknown, and said
     so), and goodput stays what the segments' own seconds give."""
-    from nemo_throughput.goodput import STEP, Ledger
+    from nemo_throughput.goodput import Ledger
 
     def ledger(directory, segment_number, started, first, last):
         directory.mkdir()
@@ -254,7 +254,7 @@ def test_a_host_clock_behind_neither_reorders_the_segments_nor_shrinks_the_wall_
         writer.start_training(first, {"run_id": "r", "segment": segment_number, "scheduler_key": None,
                                       "root": str(tmp_path)})
         for step in range(first + 1, last + 1):
-            writer.switch(STEP)
+            writer.step_starts()
             time.sleep(0.002)
             writer.step_done(step)
         writer.close()
@@ -270,6 +270,43 @@ def test_a_host_clock_behind_neither_reorders_the_segments_nor_shrinks_the_wall_
     assert goodput["clock_notes"][0].startswith("segment 2 started ") and "clocks disagree" in goodput["clock_notes"][0]
     assert goodput["wall_s"] == pytest.approx(sum(goodput["seconds"].values()))
     assert 0 < goodput["goodput_pct"] <= 100
+
+
+def test_a_step_start_is_written_with_the_step_s_end_or_the_next_event(tmp_path, monkeypatch):
+    """An ordinary step writes the mapped page once: its start stays in memory until its end, which
+    stores both; a segment killed within the step reads as of the step before. Any other event
+    (a validation) stores a pending start first. Seconds from a clock the test moves."""
+    import nemo_throughput.goodput as goodput
+
+    clock = [100.0]
+    monkeypatch.setattr(goodput.time, "monotonic", lambda: clock[0])
+    ledger = goodput.Ledger(tmp_path, started_epoch_s=time.time())
+    ledger.start_training(0, {"run_id": "r", "root": str(tmp_path)})
+
+    def seconds():
+        return read_ledger(tmp_path / LEDGER_FILE).seconds
+
+    before = seconds()
+    clock[0] += 2  # waiting for data
+    ledger.step_starts()
+    clock[0] += 3
+    ledger.step_starts()  # another micro-batch of the step: the first start stands
+    clock[0] += 5
+    assert seconds() == before  # nothing written within the step: a kill here reads as the step before
+    ledger.step_done(1)
+    after = read_ledger(tmp_path / LEDGER_FILE)
+    assert after.last_step == 1
+    assert after.seconds["data"] - before["data"] == 2 and after.seconds["step"] - before["step"] == 8
+    clock[0] += 1
+    ledger.step_starts()
+    clock[0] += 4
+    ledger.switch(goodput.VALIDATION)  # a pending start is stored before the event's own switch
+    clock[0] += 6
+    ledger.switch(goodput.DATA)
+    ledger.close()
+    final = read_ledger(tmp_path / LEDGER_FILE).seconds
+    assert final["data"] - after.seconds["data"] == 1 and final["step"] - after.seconds["step"] == 4
+    assert final["validation"] == 6
 
 
 # ----------------------------------------------------------------------- which run a resume continues

@@ -7,8 +7,9 @@ here: the hook signatures, reading the trainer and the module (:func:`describe_r
 loggers, one callback per trainer, and ``should_stop``; the measurement itself (timing, exchange,
 summary, end of run) is framework-free.
 
-Hot path (every step): one clock mark in each of four hooks, nothing read; packed or padded
-batches are also counted on the device (batches.TokenCounter).
+Hot path (every step): one clock mark in each of four hooks, nothing read; the step number from
+Lightning's own step counter (:func:`step_counter`); packed or padded batches are also counted on the
+device (batches.TokenCounter).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = ["ThroughputCallback", "describe_run"]
 log = package_logger(__name__)
 
 CHECKPOINT_KEY = "nemo_throughput"  # our state in a Lightning checkpoint: which run and segment saved it
+STEP_COUNTER_CHECK_EVERY = 64  # batches: how often the step counter read on the hot path is checked against global_step
 
 
 def _callback_bases() -> tuple[type, ...]:
@@ -59,6 +61,7 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         self.from_hydra_config = False  # set by the `+callbacks=throughput` factory
         self._read_metrics: Callable[[], Mapping[str, Any]] | None = None  # the trainer's, made at set-up
         self._batch_unseen = True  # the first training batch of a fit is looked at once
+        self._step_counter: Any = None  # Lightning's count of optimizer steps (step_counter), from train start
 
     # ----------------------------------------------------------------------- set-up
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -109,12 +112,12 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         max_steps = trainer.max_steps if trainer.max_steps > 0 else None  # -1: epochs decide
         with self._refusal_in_one_line(trainer.global_rank):  # a profile window past the last step
             self.measurement.train_start(trainer.global_step, trainer.world_size, max_steps)
+        self._step_counter = step_counter(trainer)
 
     # ----------------------------------------------------------------------- hot path
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.measurement.step_start(trainer.global_step)
         # The fit's first batch gives the layout (keys and shapes); packed or padded: a few device operations.
-        self.measurement.count_batch(batch, first=self._batch_unseen)
+        self.measurement.step_start(batch, first=self._batch_unseen)
         self._batch_unseen = False
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -124,9 +127,15 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
         self.measurement.before_optimizer()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        counter = self._step_counter
+        if counter is not None and batch_idx % STEP_COUNTER_CHECK_EVERY:
+            step = counter.completed
+        else:
+            step = self._checked_global_step(trainer)
         # A repeated global_step is a gradient-accumulation micro-batch: the measurement ignores it.
-        vote = self.measurement.step_end(trainer.global_step, self._read_metrics)
-        self._decide_stop(trainer, vote)
+        vote = self.measurement.step_end(step, self._read_metrics)
+        if vote is not None:
+            self._decide_stop(trainer, vote)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
@@ -151,13 +160,23 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             vote = self.measurement.validation_end(trainer.global_step, self._read_metrics)
-            self._decide_stop(trainer, vote)
+            if vote is not None:
+                self._decide_stop(trainer, vote)
+
+    def _checked_global_step(self, trainer: Any) -> int:
+        """``trainer.global_step``; where the step counter disagrees with it, the counter is dropped."""
+        step = trainer.global_step
+        if self._step_counter is not None and self._step_counter.completed != step:
+            log.warning("nemo-throughput: Lightning's optimizer-step counter says %s, trainer.global_step %d: "
+                        "reading trainer.global_step at every step from now on", self._step_counter.completed, step)
+            self._step_counter = None
+        return step
 
     @staticmethod
-    def _decide_stop(trainer: Any, vote: bool | None) -> None:
+    def _decide_stop(trainer: Any, vote: bool) -> None:
         """A target with ``stop: true`` was checked: stop when any rank saw it reached (a collective,
         at the same points on every rank)."""
-        if vote is not None and trainer.strategy.reduce_boolean_decision(vote, all=False):
+        if trainer.strategy.reduce_boolean_decision(vote, all=False):
             trainer.should_stop = True
 
     # ----------------------------------------------------------------------- end of run
@@ -170,6 +189,23 @@ class ThroughputCallback(MeasurementView, *_callback_bases()):
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.measurement.exception(trainer.global_step, exception)
+
+
+def step_counter(trainer: Any) -> Any | None:
+    """Lightning's record of optimizer steps done, whose ``completed`` is ``trainer.global_step``
+    (Lightning 2: the optimizer steps' total, of automatic or of manual optimization; NeMo's
+    strategies read the same records). One attribute read on every step's end, where
+    ``global_step`` makes six calls; the callback checks it against ``global_step`` every
+    STEP_COUNTER_CHECK_EVERY batches. None where this Lightning keeps it elsewhere."""
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        if trainer.lightning_module.automatic_optimization:
+            counter = loop.automatic_optimization.optim_progress.optimizer.step.total
+        else:
+            counter = loop.manual_optimization.optim_step_progress.total
+        return counter if type(counter.completed) is int and counter.completed == trainer.global_step else None
+    except AttributeError:
+        return None
 
 
 def _loggers(trainer: Any) -> list[tuple[str, LogMetrics]]:

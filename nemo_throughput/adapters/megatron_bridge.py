@@ -95,7 +95,7 @@ class BridgeThroughputCallback(MeasurementView):
         self.measurement.watch_sigterm()
 
     def on_train_step_start(self, context: CallbackContext) -> None:
-        self.measurement.step_start(context.state.train_state.step)
+        self.measurement.step_start()
 
     def on_train_step_end(self, context: CallbackContext) -> None:
         step = context.state.train_state.step + 1  # Bridge counts the step after this event

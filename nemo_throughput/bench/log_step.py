@@ -132,7 +132,7 @@ def _one_step(measurement: Any, step: int, gradients: Any, dist: Any) -> tuple[i
     """The events of one step; returns the wall and CPU nanoseconds of all our hooks of it."""
     wall, cpu = time.perf_counter_ns, time.thread_time_ns
     w0, c0 = wall(), cpu()
-    measurement.step_start(step - 1)
+    measurement.step_start()
     measurement.before_backward()
     w1, c1 = wall(), cpu()
     dist.all_reduce(gradients)  # the harness's stand-in for the gradient all-reduce: not ours, not timed

@@ -27,7 +27,7 @@ import torch
 
 from nemo_throughput import distributed
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered
-from nemo_throughput.batches import BatchCounting, Count, batch_layout
+from nemo_throughput.batches import BatchCounting, Count
 from nemo_throughput.config import ThroughputConfig, check_profile_window
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED
@@ -45,6 +45,8 @@ from nemo_throughput.text import package_logger
 from nemo_throughput.timing import BACKWARD, LOGGED, OPTIMIZER, START, StepTimer, clock_for
 
 log = package_logger(__name__)
+
+NO_BATCH = object()  # step_start's batch where the framework hands its hooks none (Megatron-Bridge)
 
 
 class Measurement:
@@ -78,6 +80,7 @@ class Measurement:
         self.stats: RunStats | None = None
         self._reporter: Reporter | None = None
         self._flops: FirstStepFlops | None = None  # flops_formula measured, until the counted step ends
+        self._profiling = False  # a profile window is set: the explanation sees every step's start and end
         self._in_flight: Gathered | None = None
         self._last_step = 0
 
@@ -114,6 +117,7 @@ class Measurement:
                             type(error).__name__, error)
         self._explain = RunExplanation(self.config, device, rank, facts.places, started.output_dir,
                                        started.rank_records, distributed.backend())
+        self._profiling = self._explain.window is not None
         self._exchange = Exchange(extras_width=self._explain.width)
         self._batches = BatchCounting(facts, self.learned, rank)
         if self.config.target is not None:
@@ -153,14 +157,6 @@ class Measurement:
             self.publisher.watch_sigterm()
 
     # ----------------------------------------------------------------------- hot path
-    def count_batch(self, batch: Any, first: bool = False) -> None:
-        """A micro-batch of the step in progress (``first``: the fit's first, whose layout the others
-        must share: batches.BatchCounting.seen), checked, and counted where packed or padded."""
-        if self._batches is not None:
-            if first:
-                self._batches.seen(batch_layout(batch))
-            self._batches.add_batch(batch)
-
     def count_accumulated(self, slots: Count, seqlen_sq: Count, source: str) -> None:
         """A framework's own counts of the step in progress (batches.BatchCounting.add_counts)."""
         if self._timer is not None:
@@ -170,15 +166,25 @@ class Measurement:
         """The run's batches are packed or padded, but cannot be counted: ``why``, in words."""
         self._batches.not_counted(why)
 
-    def step_start(self, steps_done: int) -> None:
-        """A micro-batch (or the whole step, where the framework has no finer event) starts."""
-        if self._timer is not None:
-            self._timer.mark(START)
-            if self._ledger is not None:
-                self._ledger.switch(STEP)
-            if self._flops is not None:
-                self._flops.step_start(steps_done)
-            self._explain.step_start(steps_done + 1)
+    def step_start(self, batch: Any = NO_BATCH, first: bool = False) -> None:
+        """A micro-batch (or the whole step, where the framework has no finer event) starts, of the
+        step after the last one ended (or after the steps done at train_start). ``batch``: the
+        micro-batch, where the framework hands one over: checked, and counted where packed or
+        padded (``first``: the fit's first, whose layout the others must share:
+        batches.BatchCounting.seen)."""
+        if self._timer is None:
+            return
+        self._timer.mark(START)
+        if self._ledger is not None:
+            self._ledger.step_starts()
+        if batch is not NO_BATCH:
+            if first:
+                self._batches.seen(batch)
+            self._batches.add_batch(batch)
+        if self._flops is not None:
+            self._flops.step_start(self._last_step)
+        if self._profiling:
+            self._explain.step_start(self._last_step + 1)
 
     def before_backward(self) -> None:
         if self._timer is not None:
@@ -211,7 +217,7 @@ class Measurement:
         self._timer.end_step(step, self._batches.step_done())
         if self._flops is not None and self._flops.step_end(step, self._facts, self.learned, self.rank):
             self._flops = None
-        if self._explain.step_end(step):
+        if self._profiling and self._explain.step_end(step):
             self._timer.anchor()  # stopping the profiler (and reading its trace) is no step's time
         if step % self.config.log_every_n_steps != 0:
             return None

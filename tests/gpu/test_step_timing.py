@@ -113,3 +113,28 @@ def test_event_step_times_match_interval_truth_when_the_host_runs_ahead(gpu_resu
         "slow_steps_planned": sorted(SLOW_STEPS)}
     assert max(abs(e) for e in errors) <= MAX_INTERVAL_ERROR, errors
     assert slowest(measured, len(SLOW_STEPS)) == SLOW_STEPS
+
+
+def test_marks_land_on_the_current_stream_without_torchs_python_lookup(gpu_results):
+    """The clock records on the current device's current stream through torch's C layer (no
+    ``torch.cuda.current_stream`` per mark): on the default stream, then inside a side stream's
+    context on that stream, which a busy side stream shows by leaving the mark unfinished."""
+    clock = CudaClock()
+    assert clock._streams is not None, "torch's C layer differs: marks fall back to Event.record()"
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)  # about a second of a spinning kernel, on the side stream only
+        on_side = clock.mark()
+    on_default = clock.mark()
+    on_default.synchronize()
+    side_busy = not on_side.query()
+    side.synchronize()
+    gpu_results["clock_streams"] = {"side_mark_pending_while_side_busy": side_busy,
+                                    "streams_seen": len(clock._streams)}
+    assert side_busy and on_side.query()
+    assert len(clock._streams) == 2
+    started = time.perf_counter()
+    for _ in range(1000):
+        clock.release(clock.mark())
+    gpu_results["clock_streams"]["mark_us"] = (time.perf_counter() - started) * 1e3
