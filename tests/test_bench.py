@@ -36,14 +36,14 @@ def test_bench_reports_every_field_for_every_condition(tmp_path):
     assert report["rounds"] == 2 and report["model"] == "cpu"
     assert report["device_info"] is None and report["sync_counting"] is None  # CPU: nothing to synchronize
     conditions = {c["name"]: c for c in report["conditions"]}
-    assert list(conditions) == ["no-callback", "nemo-throughput", "nemo-throughput-debug",
+    assert list(conditions) == ["no-callback", "empty-callback", "nemo-throughput", "nemo-throughput-debug",
                                 "nemo-throughput-prometheus", "lightning-throughput-monitor", "nemo-timing-callback"]
     for name, condition in conditions.items():
         assert set(condition) == FIELDS, name
         assert all(condition[field] is None for field in SYNC_FIELDS), name
     assert conditions["nemo-timing-callback"]["skipped"] == "NeMo is not installed"
-    for name in ("no-callback", "nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
-                 "lightning-throughput-monitor"):
+    for name in ("no-callback", "empty-callback", "nemo-throughput", "nemo-throughput-debug",
+                 "nemo-throughput-prometheus", "lightning-throughput-monitor"):
         condition = conditions[name]
         assert condition["skipped"] is None and len(condition["step_times_s"]) == 2
         assert condition["median_step_time_s"] > 0 and condition["spread_pct"] >= 0
@@ -64,6 +64,12 @@ def test_bench_reports_every_field_for_every_condition(tmp_path):
     assert conditions["nemo-throughput-prometheus"]["hook_us_per_non_log_step"] > 0
     assert report["ratios"]["prometheus_non_log_step_vs_non_log_step"] > 0
     assert report["ratios"]["slow_nvml_log_step_vs_log_step"] is None  # a diagnostic: run only when named
+    # the floor: an empty callback's four hooks, timed as ours are; every one of its steps is ordinary
+    floor = conditions["empty-callback"]
+    assert floor["hook_us_per_step"] > 0 and floor["hook_us_per_non_log_step"] > 0
+    assert floor["measured_step_time_s"] is None and floor["hook_us_per_log_step"] is None
+    assert report["ratios"]["non_log_step_above_empty_callback_us"] == pytest.approx(
+        ours["hook_us_per_non_log_step"] - floor["hook_us_per_non_log_step"])
 
 
 @pytest.mark.slow
@@ -123,7 +129,7 @@ def test_an_unknown_condition_is_one_line_naming_the_known_ones_before_any_train
     assert typo.returncode == 2 and typo.stdout == ""
     assert typo.stderr.strip().splitlines() == [
         "nemo-throughput bench: unknown condition(s) ['nemo-throughput-debgu'] in --conditions; choose from "
-        "no-callback, nemo-throughput, nemo-throughput-debug, nemo-throughput-prometheus, "
+        "no-callback, empty-callback, nemo-throughput, nemo-throughput-debug, nemo-throughput-prometheus, "
         "nemo-throughput-slow-nvml, nemo-throughput-idle-gpu, lightning-throughput-monitor, nemo-timing-callback"]
     twice = bench("--conditions", "no-callback,no-callback", "--steps", "4", "--device", "cpu", cwd=tmp_path)
     assert twice.returncode == 2 and "names a condition twice" in twice.stderr

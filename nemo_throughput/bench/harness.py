@@ -54,6 +54,25 @@ class StepSyncs:
         return opener, closer
 
 
+class EmptyHooks:
+    """The four per-step hooks, doing nothing (the bench's empty-callback, mixed into the trial's
+    Lightning Callback): their host time, timed as any tool's, is the floor under every tool's. A
+    hook called between the model's kernels runs with caches and branch predictors cold, so even
+    an empty one costs microseconds; a tool's own cost is what it takes above that."""
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        pass
+
+    def on_before_backward(self, *args: Any) -> None:
+        pass
+
+    def on_before_optimizer_step(self, *args: Any) -> None:
+        pass
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        pass
+
+
 class TimedHooks:
     """Wraps a callback's per-step hooks (those its class defines): host time per step and, when
     ``count_syncs``, the synchronizations they cause (:class:`SyncCounter`). ``idle_device``: the

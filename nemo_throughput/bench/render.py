@@ -45,22 +45,23 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
         "of the mean per-round overhead (rounds pair up: each runs every condition once); measured: the step time",
         "the tool itself reported for the window; error: measured vs true; hooks/step: host time in the tool's",
         "hooks per step (log steps included) and its share of the step; non-log / log step: nemo-throughput's, on",
-        "each kind of step; syncs/step: host-device synchronizations in a whole step, and in the tool's own hooks",
+        "each kind of step (empty-callback's non-log: the floor, four hooks that do nothing); syncs/step: host-device synchronizations in a whole step, and in the tool's own hooks",
         "(CUDA only: one extra untimed trial per condition).",
     ]
     ratios = result.get("ratios") or {}
     said = [text.format(ratios[key]) for key, text in RATIO_TEXTS if ratios.get(key) is not None]
     if said:
-        lines += ["", "ratios in this run: " + "; ".join(said)]
+        lines += ["", "side by side in this run: " + "; ".join(said)]
     return "\n".join(lines) + "\n"
 
 
-RATIO_TEXTS = (  # the bench's ratios (bench.stats.ratios), as the table's last line says them
+RATIO_TEXTS = (  # the bench's ratios and differences (bench.stats.ratios), as the table's last line says them
     ("hooks_per_step_vs_throughput_monitor", "nemo-throughput's hooks/step = {:.2f} x ThroughputMonitor's"),
     ("log_step_vs_non_log_step", "nemo-throughput's log step = {:.0f} x its non-log step"),
     ("prometheus_non_log_step_vs_non_log_step",
      "nemo-throughput's non-log step with the Prometheus endpoint = {:.2f} x without"),
     ("slow_nvml_log_step_vs_log_step", "nemo-throughput's log step with a 5 ms NVML energy read = {:.2f} x with none"),
+    ("non_log_step_above_empty_callback_us", "nemo-throughput's non-log step = {:.1f} µs above empty-callback's"),
 )
 
 

@@ -14,7 +14,7 @@ import tempfile
 import warnings
 from typing import Any
 
-from nemo_throughput.bench.harness import MeasuredValues, StepSyncs, TimedHooks, WindowClock, collector
+from nemo_throughput.bench.harness import EmptyHooks, MeasuredValues, StepSyncs, TimedHooks, WindowClock, collector
 from nemo_throughput.bench.stats import Condition, ratios
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.megatron_config import padded_vocab_size
@@ -36,7 +36,7 @@ SIZES = {
     "gpt3-2.7b": dict(num_layers=32, hidden_size=2560, ffn_hidden_size=10240, num_attention_heads=32,
                       encoder_seq_length=2048, micro_batch_size=2, vocab_size=50257),
 }
-CONDITIONS = ("no-callback", "nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
+CONDITIONS = ("no-callback", "empty-callback", "nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
               "nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu", "lightning-throughput-monitor",
               "nemo-timing-callback")
 DIAGNOSTICS = ("nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu")  # run only when named (--conditions)
@@ -178,7 +178,7 @@ def _trial(name: str, cfg: Any, spec: ModelSpec, steps: int, first: int, last: i
         _record_syncs(record, timed, step_syncs, window_steps, ours)
     elif record is not None:
         record.step_times_s.append(clock.step_time_s)
-        _record_hooks(record, timed, window_steps, ours)
+        _record_hooks(name, record, timed, window_steps, ours)
         own = _measured_step_s(name, ours, measured, window_steps)
         if own is not None:
             record.measured_s.append(own)
@@ -204,6 +204,8 @@ def _tool(name: str, pl: Any, model: Any, cfg: Any, spec: ModelSpec, first: int,
         prometheus = {"port": 0, "addr": "127.0.0.1"} if name.endswith("prometheus") else None
         return ThroughputCallback(warmup_steps=first, output_dir=out, per_step_jsonl=debug, peak_tflops=None,
                                   log_every_n_steps=1 if debug else LOG_EVERY_N_STEPS, prometheus=prometheus)
+    if name == "empty-callback":
+        return type("EmptyCallback", (EmptyHooks, pl.Callback), {})()
     if name == "lightning-throughput-monitor":
         model.flops_per_batch = cfg.micro_batch_size * model_flops_per_sample(spec)  # the same model's FLOPs
         return pl.callbacks.ThroughputMonitor(batch_size_fn=lambda batch: batch.shape[0],
@@ -216,13 +218,15 @@ def _tool(name: str, pl: Any, model: Any, cfg: Any, spec: ModelSpec, first: int,
     return None
 
 
-def _record_hooks(record: Condition, timed: TimedHooks | None, window_steps: range, ours: Any) -> None:
+def _record_hooks(name: str, record: Condition, timed: TimedHooks | None, window_steps: range, ours: Any) -> None:
     """Host time in the tool's hooks per step of the window; ours also split into log and other steps."""
     if timed is None:
         return
     per_step_us = [timed.ns_by_step.get(s, 0) / 1e3 for s in window_steps]
     record.hook_us_mean.append(statistics.fmean(per_step_us))
     if ours is None:
+        if name == "empty-callback":  # the floor: every step is an ordinary one
+            record.hook_us_non_log.append(statistics.median(per_step_us))
         return
     log_every = ours.config.log_every_n_steps
     non_log = [us for s, us in zip(window_steps, per_step_us, strict=True) if s % log_every]

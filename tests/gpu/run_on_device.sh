@@ -12,8 +12,9 @@
 #                profiler trace of the hooks)                                   at most 120 s (69 s on an H200)
 #   bench        nemo-throughput bench --device cuda, GPT-3 126M, no callback against ours, 14 rounds
 #                (a 95 % interval of about +-0.3 % on the overhead)            at most 200 s (about 170 s)
-#   diagnose     the bench's diagnostic conditions, 2 rounds: our hooks with the GPU idle before each
-#                (idle-gpu) and with a 5 ms NVML energy read (slow-nvml)       at most 60 s
+#   diagnose     the bench's diagnostic conditions, 2 rounds: our hooks against an empty callback's
+#                (the floor), with the GPU idle before each (idle-gpu) and with a 5 ms NVML energy
+#                read (slow-nvml)                                              at most 75 s
 #   nemo         NeMo 2 llm.pretrain GPT-3 126M, ours beside NeMo's timing and FLOPs callbacks, with a
 #                torch.profiler window over our hooks in steps 19-22            at most 180 s (103 s on an H200)
 #   bench-large  the bench on GPT-3 2.7B (the largest for one 80 GB GPU), 3 rounds, no sync count
@@ -128,8 +129,8 @@ save_results() {  # what the steps so far produced, into $OUT (at most 8 files: 
 run_step tests 120 "$PY" -m pytest -v -rA -p no:cacheprovider tests/gpu --junitxml "$WORK/logs/tests_gpu.xml"
 run_step bench 200 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-126m --steps 60 --rounds 14 \
     --conditions no-callback,nemo-throughput --format json --output "$WORK/bench_gpt3-126m.json"
-run_step diagnose 60 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-126m --steps 60 --rounds 2 \
-    --conditions nemo-throughput,nemo-throughput-idle-gpu,nemo-throughput-slow-nvml --no-sync-count \
+run_step diagnose 75 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-126m --steps 60 --rounds 2 \
+    --conditions empty-callback,nemo-throughput,nemo-throughput-idle-gpu,nemo-throughput-slow-nvml --no-sync-count \
     --format json --output "$WORK/bench_diagnose.json"
 if case ",$steps," in *,nemo,*) true ;; *) false ;; esac && [ -z "$nemo_complete" ]; then
     note "skip  nemo: the NeMo wheels are not all here (see above)"
