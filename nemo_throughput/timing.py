@@ -95,7 +95,7 @@ class CudaClock:
             current_device, current_stream = torch._C._cuda_getDevice, torch._C._cuda_getCurrentStream
             raw = current_stream(current_device())
             stream = torch.cuda.Stream(stream_id=raw[0], device_index=raw[1], device_type=raw[2])
-            if stream == torch.cuda.current_stream():
+            if type(raw) is tuple and stream == torch.cuda.current_stream():  # a tuple: a key of _streams
                 self._current_device, self._current_stream = current_device, current_stream
                 self._record = torch._C._CudaEventBase.record
                 self._streams = {tuple(raw): stream}
@@ -112,8 +112,9 @@ class CudaClock:
         if stream is None:  # a stream this clock has not recorded on yet (a side stream's context)
             import torch
 
-            stream = self._streams[raw] = torch.cuda.Stream(stream_id=raw[0], device_index=raw[1],
-                                                            device_type=raw[2])
+            stream = torch.cuda.Stream(stream_id=raw[0], device_index=raw[1], device_type=raw[2])
+            if len(self._streams) < 64:  # kept, unless streams come and go (then made at each mark)
+                self._streams[raw] = stream
         self._record(event, stream)
         return event
 

@@ -27,8 +27,8 @@ def bench(*args, cwd):
 @pytest.mark.slow
 def test_bench_reports_every_field_for_every_condition(tmp_path):
     output = tmp_path / "bench.json"
-    result = bench("--steps", "12", "--window", "4:12", "--rounds", "2", "--format", "json", "--output", output,
-                   cwd=tmp_path)
+    result = bench("--steps", "12", "--window", "4:12", "--rounds", "2", "--micro-batch-size", "2", "--format", "json",
+                   "--output", output, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == ""  # --output: the result goes to the file instead
     report = json.loads(output.read_text())
