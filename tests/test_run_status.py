@@ -74,7 +74,7 @@ def test_a_signal_marks_the_run_interrupted_and_keeps_its_measurements(tmp_path,
 
 # Slurm sends SIGKILL this long after SIGTERM (KillWait, 30 s by default); shortened in the suite,
 # where the cases that hang wait all of it. tests/scripts/sigterm_repeat.py waits 20 s.
-KILL_WAIT_S = float(os.environ.get("NEMO_THROUGHPUT_KILL_WAIT_S", "12"))
+KILL_WAIT_S = float(os.environ.get("NEMO_THROUGHPUT_KILL_WAIT_S", "9"))
 COLLECTIVE_TIMEOUT_S = 5  # the setting the README recommends, shortened
 
 
