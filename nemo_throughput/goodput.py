@@ -90,15 +90,18 @@ class Ledger:
         if self._step_started is None:
             self._step_started = time.monotonic()
 
-    def switch(self, state: int) -> None:
+    def switch(self, state: int, last_step: int | None = None) -> None:
         """The time since the last event was spent in the current state (and, after a step's start,
-        in the step); ``state`` (STARTUP...) starts now."""
+        in the step); ``state`` (STARTUP...) starts now. ``last_step``: the step just finished (a
+        step's end is ``switch(DATA, step)``: one call, on every step)."""
         now = time.monotonic()
         numbers, started = self._numbers, self._step_started
         if started is not None:
             numbers[_TOTALS + self._state] += started - self._since
             self._since, self._state, self._step_started = started, STEP, None
         numbers[_TOTALS + self._state] += now - self._since
+        if last_step is not None:
+            numbers[_LAST_STEP] = last_step
         self._since, self._state = now, state
         numbers[_STATE] = state
         numbers[_LAST] = now + self._epoch_minus_monotonic
@@ -111,28 +114,14 @@ class Ledger:
         self._state = state
         self.switch(current)
 
-    def step_done(self, step: int) -> None:
-        """Step ``step`` (or a micro-batch of it) ended: switch(DATA) with the step's number, in one
-        frame (every step: a call between the model's kernels costs microseconds)."""
-        now = time.monotonic()
-        numbers, started = self._numbers, self._step_started
-        if started is not None:
-            numbers[_TOTALS + self._state] += started - self._since
-            self._since, self._state, self._step_started = started, STEP, None
-        numbers[_TOTALS + self._state] += now - self._since
-        numbers[_LAST_STEP] = step
-        numbers[_STATE] = DATA
-        numbers[_LAST] = now + self._epoch_minus_monotonic
-        self._since, self._state = now, DATA
-
     def start_training(self, first_step: int, identity: Mapping[str, Any]) -> None:
         """Start-up is over; ``identity`` (JSON) says which run and segment this is."""
         text = json.dumps(identity).encode()
         if len(text) > IDENTITY_BYTES:
             raise ValueError(f"goodput identity too long ({len(text)} bytes)")
         self._map[_IDENTITY_AT:] = text.ljust(_SIZE - _IDENTITY_AT)
-        self._numbers[_FIRST_STEP] = self._numbers[_LAST_STEP] = first_step
-        self.switch(DATA)
+        self._numbers[_FIRST_STEP] = first_step
+        self.switch(DATA, first_step)
 
     def checkpoint(self, step: int) -> None:
         """A checkpoint of ``step`` is saved: the step and data seconds so far, to price lost steps. Another

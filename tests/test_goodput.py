@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import nemo_throughput_cli, read_json, run_train_tiny
-from nemo_throughput.goodput import CATEGORIES, LEDGER_FILE, RUN_FILE, Segment, read_ledger, stitch
+from nemo_throughput.goodput import CATEGORIES, DATA, LEDGER_FILE, RUN_FILE, Segment, read_ledger, stitch
 from nemo_throughput.goodput_segments import previous_segment, run_segments, scheduler_key
 
 STEPS, CHECKPOINT_EVERY, KILL_AT = 20, 5, 13  # log steps 4, 8, 12, 16; checkpoints at 5 and 10
@@ -161,7 +161,7 @@ def test_only_a_resumed_or_restarted_segment_continues_an_earlier_one(tmp_path):
     ledger = Ledger(earlier)
     ledger.start_training(0, {"run_id": "first", "scheduler_key": None, "root": str(tmp_path)})
     for step in range(1, 9):
-        ledger.step_done(step)
+        ledger.switch(DATA, step)
     ledger.close()
     own = tmp_path / "second"
     assert previous_segment(tmp_path, own, None, restarts=0, first_step=0) is None
@@ -197,7 +197,7 @@ def test_no_ledger_under_the_root_can_stall_or_break_a_resume(tmp_path):
         ledger = Ledger(directory)
         ledger.start_training(0, {"run_id": run_id, "scheduler_key": None, "root": str(tmp_path)})
         for step in range(1, 9):
-            ledger.step_done(step)
+            ledger.switch(DATA, step)
         ledger.close()
         return directory / LEDGER_FILE
 
@@ -256,7 +256,7 @@ def test_a_host_clock_behind_neither_reorders_the_segments_nor_shrinks_the_wall_
         for step in range(first + 1, last + 1):
             writer.step_starts()
             time.sleep(0.002)
-            writer.step_done(step)
+            writer.switch(DATA, step)
         writer.close()
 
     now = time.time()
@@ -293,7 +293,7 @@ def test_a_step_start_is_written_with_the_step_s_end_or_the_next_event(tmp_path,
     ledger.step_starts()  # another micro-batch of the step: the first start stands
     clock[0] += 5
     assert seconds() == before  # nothing written within the step: a kill here reads as the step before
-    ledger.step_done(1)
+    ledger.switch(DATA, 1)
     after = read_ledger(tmp_path / LEDGER_FILE)
     assert after.last_step == 1
     assert after.seconds["data"] - before["data"] == 2 and after.seconds["step"] - before["step"] == 8
@@ -319,7 +319,7 @@ def ledger_of(directory, run_id, first, last, segment=1, parent=None, checkpoint
     writer.start_training(first, {"run_id": run_id, "segment_run_id": f"{run_id}-{segment}-{directory.name}",
                                   "segment": segment, "scheduler_key": key, "parent": parent, "root": "/gone"})
     for step in range(first + 1, last + 1):
-        writer.step_done(step)
+        writer.switch(DATA, step)
         if step in checkpoints:
             writer.checkpoint(step)
     writer.close()

@@ -58,8 +58,7 @@ class Measurement:
 
     Which attributes exist when: ``config`` always; after ``set_up``, the facts (frozen),
     ``learned``, the publisher, the explanation, the exchange, the batches, the run clock (a target
-    set) and goodput (rank 0); after ``train_start`` (``is_training``), the timer, the statistics
-    and the reporter."""
+    set) and goodput (rank 0); after ``train_start``, the timer, the statistics and the reporter."""
 
     def __init__(self, config: ThroughputConfig) -> None:
         self.config = config
@@ -87,10 +86,6 @@ class Measurement:
     @property
     def is_set_up(self) -> bool:
         return self._facts is not None
-
-    @property
-    def is_training(self) -> bool:
-        return self._timer is not None
 
     @property
     def facts(self) -> RunFacts | None:
@@ -167,11 +162,9 @@ class Measurement:
         self._batches.not_counted(why)
 
     def step_start(self, batch: Any = NO_BATCH, first: bool = False) -> None:
-        """A micro-batch (or the whole step, where the framework has no finer event) starts, of the
-        step after the last one ended (or after the steps done at train_start). ``batch``: the
-        micro-batch, where the framework hands one over: checked, and counted where packed or
-        padded (``first``: the fit's first, whose layout the others must share:
-        batches.BatchCounting.seen)."""
+        """A micro-batch (or the whole step, where the framework has no finer event) of the step after
+        the last one ended starts. ``batch``, where the framework hands one over, is checked, and
+        counted where packed or padded (``first``: the fit's first, batches.BatchCounting.seen)."""
         if self._timer is None:
             return
         self._timer.mark(START)
@@ -208,7 +201,7 @@ class Measurement:
         if self._timer is None:
             return None
         if self._ledger is not None:
-            self._ledger.step_done(step)
+            self._ledger.switch(DATA, step)
         if step == self._last_step:
             return None
         self._last_step = step
