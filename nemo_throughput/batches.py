@@ -101,7 +101,8 @@ class TokenCounter:
     def __init__(self) -> None:
         self.unreadable: str | None = None
         self.source: str | None = None  # where the counts come from (a batch key, or a framework's accumulators)
-        self.so_far: list[Count | None] | None = None  # [tokens, slots, seqlen_sq, bad, problems] of the step; None: none yet
+        # [tokens, slots, seqlen_sq, bad, problems] of the step so far; None: no micro-batch yet
+        self.so_far: list[Count | None] | None = None
 
     def add_batch(self, batch: Any) -> None:
         """One micro-batch of the step in progress (a packed or padded one)."""

@@ -593,8 +593,9 @@ def test_a_step_held_by_another_callback_is_named_an_outlier_beside_the_median(t
 
 
 # Python frames an ordinary step (not a log step, fixed-length batches) enters in our four hooks,
-# ours and the frameworks' (Lightning's global_step alone is six), the goodput ledger included. Between the model's kernels each one costs cache misses, not
-# nanoseconds (docs/performance.md): a change that adds one should say why.
+# ours and the frameworks' (Lightning's global_step alone is six), the goodput ledger included.
+# Between the model's kernels each one costs cache misses, not nanoseconds (docs/performance.md):
+# a change that adds one should say why.
 ORDINARY_STEP_FRAMES = {"tensor": 16, "dict": 19}
 
 
@@ -662,7 +663,8 @@ def test_steps_are_lightning_s_global_step_under_manual_optimization_with_two_op
                 optimizer.zero_grad()
 
         def configure_optimizers(self):
-            return [torch.optim.SGD(self.embedding.parameters(), lr=0.1), torch.optim.SGD(self.head.parameters(), lr=0.1)]
+            return [torch.optim.SGD(self.embedding.parameters(), lr=0.1),
+                    torch.optim.SGD(self.head.parameters(), lr=0.1)]
 
         def train_dataloader(self):
             return torch.utils.data.DataLoader(torch.randint(64, (64, 9)), batch_size=2)
@@ -709,6 +711,7 @@ def test_a_step_counter_that_stops_agreeing_with_global_step_is_dropped_with_a_w
     with caplog.at_level(logging.WARNING, logger="nemo_throughput"):
         trainer.fit(module)
     assert callback._step_counter is None
-    assert "Lightning's optimizer-step counter says 3, trainer.global_step 9: reading trainer.global_step" in caplog.text
+    said = "Lightning's optimizer-step counter says 3, trainer.global_step 9: reading trainer.global_step"
+    assert said in caplog.text
     summary = json.loads(open(callback.summary_path).read())
     assert summary["status"] == "completed" and summary["timing"]["last_step"] == 20

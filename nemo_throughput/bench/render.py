@@ -45,8 +45,9 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
         "of the mean per-round overhead (rounds pair up: each runs every condition once); measured: the step time",
         "the tool itself reported for the window; error: measured vs true; hooks/step: host time in the tool's",
         "hooks per step (log steps included) and its share of the step; non-log / log step: nemo-throughput's, on",
-        "each kind of step (empty-callback's non-log: the floor, four hooks that do nothing); syncs/step: host-device synchronizations in a whole step, and in the tool's own hooks",
-        "(CUDA only: one extra untimed trial per condition).",
+        "each kind of step (empty-callback's non-log: the floor, four hooks that do nothing); syncs/step:",
+        "host-device synchronizations in a whole step, and in the tool's own hooks (CUDA only: one extra",
+        "untimed trial per condition).",
     ]
     ratios = result.get("ratios") or {}
     said = [text.format(ratios[key]) for key, text in RATIO_TEXTS if ratios.get(key) is not None]
