@@ -53,11 +53,15 @@ class OrderedWorker:
         error, self._error = self._error, None
         return error
 
-    def close(self) -> None:
-        """Let the thread end once its tasks are done (it does not wait for them)."""
+    def close(self, wait_s: float = 10.0) -> None:
+        """Let the thread end once its tasks are done, and wait for it (at most ``wait_s``): a daemon
+        thread still ending at the interpreter's exit, dropping a task that holds tensors, aborts the
+        process ("terminate called without an active exception")."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -87,6 +91,7 @@ class OrderedWorker:
             except BaseException as error:  # noqa: BLE001 - handed to the training thread
                 self._error = error
             finally:
+                task = None  # what it holds (tensors) is freed now, not when the thread ends
                 with self._changed:
                     self._busy = False
                     self._changed.notify_all()

@@ -83,3 +83,24 @@ def test_an_idle_call_that_raises_is_logged_once_and_stops_and_the_tasks_go_on(c
     worker.close()
     assert calls == [1] and done == [1]
     assert caplog.text.count("watched: the idle call failed; it stops") == 1 and "disk gone" in caplog.text
+
+
+def test_close_waits_for_the_thread_and_frees_what_its_last_task_held():
+    """A daemon thread still ending at the interpreter's exit, dropping a task that holds tensors,
+    aborts the process ("terminate called without an active exception": seen at the exit of one-rank
+    runs under load). close() returns with the thread gone and the last task's tensor freed."""
+    import weakref
+
+    import torch
+
+    from nemo_throughput.background import OrderedWorker
+
+    worker = OrderedWorker("test-worker")
+    held = torch.zeros(4)
+    freed = weakref.ref(held)
+    worker.submit(lambda tensor=held: tensor.sum())
+    del held
+    worker.drain()
+    worker.close()
+    assert not worker._thread.is_alive()
+    assert freed() is None
