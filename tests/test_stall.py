@@ -60,12 +60,12 @@ def test_a_stall_whose_steps_resumed_within_the_last_look_before_the_end_is_over
     stall.look(now=0.0)
     assert stall.look(now=2.0) == "stalled"
     progress.step = 14  # the hang ended, and the last steps ran before the next look
-    stall.stop()
+    assert stall.stop() == "resumed"  # said like a look's "resumed": the run's log shows the stall ended
     assert stall.records()[0]["ongoing"] is False and stall.look(now=3.0) is None
     hung = watch(tmp_path, Progress())
     hung.look(now=0.0)
     assert hung.look(now=2.0) == "stalled"
-    hung.stop()  # the run ends (fails) while no step has ended: the stall was never over
+    assert hung.stop() is None  # the run ends (fails) while no step has ended: the stall was never over
     assert hung.records()[0]["ongoing"] is True
 
 

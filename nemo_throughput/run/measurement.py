@@ -302,8 +302,7 @@ class Measurement:
 
     def _stop(self, steps_done: int) -> None:
         """Training ends: the stall watch stops, an unfinished FLOPs count is dropped, and the run clock stops."""
-        if self._reporter.stall is not None:
-            self._reporter.stall.stop()
+        self._reporter.stop_stall_watch()
         if self._flops is not None:
             self._flops.abandon()
             self._flops = None

@@ -111,6 +111,24 @@ class Reporter:
         starting or ending is logged, and rank 0's summary says it (refreshed every few seconds while
         it lasts)."""
         event, stall = self.stall.look(), self.stall
+        self._say(event)
+        if self._rank == 0:  # the endpoint's time of the latest step, as fresh as the looks
+            self._publisher.last_step(stall.last_step_epoch_s)
+        now = time.monotonic()
+        refresh = stall.stalled and now - self._stalled_published >= LONGEST_LOOK_S
+        if self._rank == 0 and self._facts is not None and (event is not None or refresh):
+            self._stalled_published = now
+            self.publish_running(self._facts)
+
+    def stop_stall_watch(self) -> None:
+        """Training ended (on the training thread): a stall whose steps resumed since the last look
+        is over, and said so like any other."""
+        if self.stall is not None:
+            self._say(self.stall.stop())
+
+    def _say(self, event: str | None) -> None:
+        """The log line of a stall starting ("stalled") or ending ("resumed")."""
+        stall = self.stall
         if event == "stalled":
             current = stall.stalls[-1]
             stacks = f"every thread's stack is in {current.stacks}" if current.stacks else "no stacks could be written"
@@ -120,13 +138,6 @@ class Reporter:
         elif event == "resumed":
             log.info("nemo-throughput: rank %d: steps resumed after %.0f s without one (after step %d)", self._rank,
                      stall.stalls[-1].seconds, stall.stalls[-1].after_step)
-        if self._rank == 0:  # the endpoint's time of the latest step, as fresh as the looks
-            self._publisher.last_step(stall.last_step_epoch_s)
-        now = time.monotonic()
-        refresh = stall.stalled and now - self._stalled_published >= LONGEST_LOOK_S
-        if self._rank == 0 and self._facts is not None and (event is not None or refresh):
-            self._stalled_published = now
-            self.publish_running(self._facts)
 
     def absorb(self, steps: torch.Tensor, extras: torch.Tensor | None, facts: RunFacts) -> None:
         """Every rank's steps of one interval, and its log step's vectors (:meth:`absorb_extras`)."""

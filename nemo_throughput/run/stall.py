@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import faulthandler
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,7 +64,8 @@ def stall_watch(config: Any, rank: int, output_dir: str, last_step: Callable[[],
 
 
 class StallWatch:
-    """One rank's watch; :meth:`look` is called on the reporting thread only.
+    """One rank's watch; :meth:`look` is called on the reporting thread, :meth:`stop` on the training
+    thread (a lock keeps the two from both ending one stall).
 
     ``last_step`` reads the training thread's last finished step; ``median_step_s`` the statistics'
     median step time (None before it is known)."""
@@ -79,17 +81,21 @@ class StallWatch:
         self.look_every_s = look_every_s(min_s)
         self.stalls: list[Stall] = []
         self.stopped = False  # training ended (stop): no more looks
+        self._lock = threading.Lock()
 
     @property
     def stalled(self) -> bool:
         return bool(self.stalls) and self.stalls[-1].ongoing
 
-    def stop(self) -> None:
-        """Training ended: no more looks. A stall whose steps resumed since the last look ended (the
-        run may end within one look of resuming)."""
-        self.stopped = True
-        if self.stalled and self._last_step() != self._seen_step:
-            self.stalls[-1].ongoing = False
+    def stop(self) -> str | None:
+        """Training ended: no more looks. "resumed" where a stall's steps resumed since the last look
+        (the run may end within one look of resuming): that stall is over."""
+        with self._lock:
+            self.stopped = True
+            if self.stalled and self._last_step() != self._seen_step:
+                self.stalls[-1].ongoing = False
+                return "resumed"
+            return None
 
     def records(self) -> list[dict[str, Any]]:
         """The summary's ``stalls``: every stall so far, the ongoing one last."""
@@ -102,6 +108,10 @@ class StallWatch:
 
     def look(self, now: float | None = None) -> str | None:
         """"stalled" when a stall starts, "resumed" when steps resume after one, else None."""
+        with self._lock:
+            return self._look(now)
+
+    def _look(self, now: float | None) -> str | None:
         if self.stopped:
             return None
         now = time.monotonic() if now is None else now
