@@ -4,7 +4,9 @@ reader checks the schema; run facts refuse impossible values."""
 import errno
 import json
 import os
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -229,11 +231,16 @@ def test_a_disk_that_fills_up_mid_run_leaves_the_last_good_summary_and_whole_lin
     out = tiny_filesystem / "run"
     callback = ThroughputCallback(output_dir=str(out), log_every_n_steps=2, warmup_steps=1, per_step_jsonl=True)
     trainer = pl.Trainer(max_steps=40, callbacks=[callback], logger=False, **quiet_trainer_kwargs)
+    handler = signal.getsignal(signal.SIGTERM)
     try:
         trainer.fit(FillsTheDiskAtStep8(tiny_gpt_cfg(global_batch_size=2)))
     except OSError as error:  # the final summary cannot be written either: the run may fail for it
         assert error.errno == errno.ENOSPC
     assert trainer.global_step == 40  # a full disk did not stop the training
+    # and nothing of the run's is left running in the process: no thread, the SIGTERM handler and
+    # the interpreter's wakeup fd given back
+    assert not [thread.name for thread in threading.enumerate() if thread.name.startswith("nemo-throughput")]
+    assert signal.getsignal(signal.SIGTERM) == handler and signal.set_wakeup_fd(-1) == -1
     summary = read_summary(out / "summary.json")  # whole, readable
     assert summary["status"] == "running" and 1 <= summary["timing"]["steps_measured"] < 39
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]  # no half line

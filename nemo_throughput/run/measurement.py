@@ -340,11 +340,13 @@ class Measurement:
     def _finish(self, status: str, error: str | None, missing: str | None) -> None:
         if self._ledger is not None:
             self._ledger.charge(STEP)  # the segment's last event, its end; since the last step: ours, as above
-        self.publisher.final(self._reporter.summary(self.facts, status, error, final=True), missing)
-        self._reporter.close()  # drained before the final exchange: its thread ends now
-        if self._ledger is not None:
-            self._ledger.close()
-            self._goodput = self._ledger = None
+        try:
+            self.publisher.final(self._reporter.summary(self.facts, status, error, final=True), missing)
+        finally:  # the summary written or not (a full disk), nothing of the run's is left running
+            self._reporter.close()  # drained before the final exchange: its thread ends now
+            if self._ledger is not None:
+                self._ledger.close()
+                self._goodput = self._ledger = None
 
 
 class MeasurementView:

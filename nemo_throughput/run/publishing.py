@@ -146,33 +146,39 @@ class Publisher:
     # ----------------------------------------------------------------------- end
     def final(self, summary: dict[str, Any], missing: str | None) -> None:
         """The final summary (rank 0); other ranks keep theirs only while rank 0 may lack their steps.
-        Then the endpoint and the SIGTERM watch end."""
+        Then the endpoint and the SIGTERM watch end, even where the summary could not be written (a
+        full disk: that error goes on to the caller)."""
         summary = self.with_end(summary, missing)
         status = summary["status"]
-        with self._locked():
-            self._done = True
-            if self.rank == 0:
-                self._file.close(summary)
-                log.info("nemo-throughput: %s run summary written to %s", status, printable(self.summary_path))
-                if (outliers := outliers_text(summary["timing"])) is not None:
-                    log.warning("nemo-throughput: outlier steps: %s (timing.outlier_steps)", outliers)
-            elif missing is None:  # the final exchange completed: rank 0 has every step this rank has
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.rank_summary_path)
-            elif self._write_rank_file(summary, durable=True):
-                log.warning("nemo-throughput: rank %d wrote what it knows to %s", self.rank,
-                            printable(self.rank_summary_path))
-        self._close_endpoint(summary)
-        if self._sigterm is not None:
-            self._sigterm.uninstall()
-            self._sigterm = None
+        try:
+            with self._locked():
+                self._done = True
+                if self.rank == 0:
+                    self._file.close(summary)
+                    log.info("nemo-throughput: %s run summary written to %s", status, printable(self.summary_path))
+                    if (outliers := outliers_text(summary["timing"])) is not None:
+                        log.warning("nemo-throughput: outlier steps: %s (timing.outlier_steps)", outliers)
+                elif missing is None:  # the final exchange completed: rank 0 has every step this rank has
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(self.rank_summary_path)
+                elif self._write_rank_file(summary, durable=True):
+                    log.warning("nemo-throughput: rank %d wrote what it knows to %s", self.rank,
+                                printable(self.rank_summary_path))
+        finally:
+            self._end_services(summary)
 
-    def _close_endpoint(self, summary: dict[str, Any]) -> None:
-        """Rank 0: the final figures, served ``linger_s`` longer (not after SIGTERM: the kill follows)."""
-        if self.endpoint is not None:
-            self.endpoint.summary(summary)
-            self.endpoint.close(linger_s=0.0 if self.sigterm_received else self.endpoint.setting["linger_s"])
-            self.endpoint = None
+    def _end_services(self, summary: dict[str, Any]) -> None:
+        """Rank 0's endpoint serves the final figures ``linger_s`` longer (not after SIGTERM: the kill
+        follows); the SIGTERM watch gives the handler back."""
+        try:
+            if self.endpoint is not None:
+                self.endpoint.summary(summary)
+                self.endpoint.close(linger_s=0.0 if self.sigterm_received else self.endpoint.setting["linger_s"])
+                self.endpoint = None
+        finally:
+            if self._sigterm is not None:
+                self._sigterm.uninstall()
+                self._sigterm = None
 
     def with_end(self, summary: dict[str, Any], missing: str | None) -> dict[str, Any]:
         """Add how the run ended: which rank wrote it, the signal, what the summary lacks."""
