@@ -708,7 +708,8 @@ def test_a_last_line_cut_while_being_written_is_not_read_as_a_step(tmp_path, cap
     code, _, err = run_import(capsys, cut, "--warmup", "0", out=tmp_path / "out")
     assert code == 0, err
     assert steps_of(summary_of(tmp_path / "out", "running")) == [43, 44, 45, 71, 72]
-    assert f"nemo-throughput import: {cut}: warning: line 6, the last, is a step line without its end" in err
+    assert (f"nemo-throughput import: {cut}: warning: line 6, the last step line, looks cut (no line break, and not the "
+            "end of a step line)") in err
     whole = tmp_path / "whole.log"
     whole.write_bytes(text.rstrip(b"\n"))  # complete up to its last `|`, only the line break missing
     code, _, err = run_import(capsys, whole, "--warmup", "0", out=tmp_path / "out")
@@ -721,7 +722,7 @@ def test_a_log_whose_only_step_line_is_cut_says_so(tmp_path, capsys):
     cut.write_bytes(text[:text.index(b"2701.3") + 2])  # `2701.3/2712.7` written as far as `27`
     code, _, err = run_import(capsys, cut, "--seq-length", "4096", "--num-gpus", "32", out=tmp_path / "out")
     assert code == 2
-    assert "its only step line, line 1 (the last), has no line break" in error_line(err, "running.log")
+    assert "its only step line, line 1 (the last), looks cut (no line break" in error_line(err, "running.log")
 
 
 def test_a_cut_nemo2_line_is_not_read_as_a_step(tmp_path, capsys):
@@ -731,7 +732,42 @@ def test_a_cut_nemo2_line_is_not_read_as_a_step(tmp_path, capsys):
     code, _, err = run_import(capsys, cut, "--warmup", "0", out=tmp_path / "out")
     assert code == 0, err
     assert steps_of(summary_of(tmp_path / "out", "running")) == [528, 529]
-    assert "warning: line 3, the last, is a step line without its end" in err
+    assert "warning: line 3, the last step line, looks cut (no line break" in err
+
+
+KILLED = b"slurmstepd: error: *** STEP 4242.0 ON node-017 CANCELLED AT 2025-03-01T10:00:00 DUE TO TIME LIMIT ***\n"
+
+
+@pytest.mark.parametrize("kill", ["on the next line", "on the same line"])
+def test_a_step_line_cut_by_a_killed_job_is_not_read_as_a_step(tmp_path, capsys, kill):
+    """Slurm kills the job while a rank prints its step line; slurmstepd's message follows, after a line
+    break or right after the cut number. The cut `2.1` would be a step of 2.1 s (NeMo 2) and `58` one of
+    58 ms (Megatron), or the whole log refused as `2.1slurmstepd:` is no number."""
+    join = b"\n" if kill == "on the next line" else b""
+    for name, value, cut_at, steps in (("nemo2_qwen3_8b_timestamped.log", b"2.127", 3, [528, 529]),
+                                       ("megatron_lm_mixtral_issue756.log", b"5829.9", 2, [43, 44, 45, 71, 72])):
+        text = (DATA / name).read_bytes()
+        killed = tmp_path / f"killed-{name}"
+        killed.write_bytes(text[:text.rindex(value) + cut_at] + join + KILLED)
+        code, _, err = run_import(capsys, killed, "--warmup", "0", out=tmp_path / "out")
+        assert code == 0, err
+        assert steps_of(summary_of(tmp_path / "out", killed.stem)) == steps, name
+        assert "the last step line, looks cut (" in err, err
+
+
+def test_a_last_step_line_with_other_fields_than_the_one_before_is_read(tmp_path, capsys):
+    """Not cut: the last line gains a field at its end (a validation loss), or lacks one within
+    (Megatron prints a loss only where it is above zero)."""
+    lines = [line for line in (DATA / "megatron_lm_mixtral_issue756.log").read_text().splitlines()
+             if "elapsed time per iteration" in line]
+    for name, last in (("gains", lines[-1] + " validation loss: 1.5 |"),
+                       ("lacks", re.sub(r" lm loss: [^|]*\|", "", lines[-1]))):
+        assert last != lines[-1]
+        source = tmp_path / f"{name}.log"
+        source.write_text("\n".join(lines[:-1] + [last]) + "\n")
+        code, _, err = run_import(capsys, source, "--warmup", "0", out=tmp_path / "out")
+        assert code == 0, err
+        assert steps_of(summary_of(tmp_path / "out", name))[-1] == 73 and "looks cut" not in err, name
 
 
 @pytest.mark.parametrize("stream", ["process substitution", "named pipe"])

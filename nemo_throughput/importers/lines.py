@@ -12,11 +12,12 @@ format readers then never see a prefix and the importer can read one rank at a t
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,33 @@ class Line:
     text: str  # with the prefixes removed
     redraw: bool  # came after a carriage return: a progress bar drawn again on the same line
     cut: bool = False  # the file's last piece, without a line break: maybe cut while being written
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_SPACES = re.compile(r"\s+")
+
+
+def cut_reason(last: Line, before: Line | None, is_whole: Callable[[str], bool]) -> str | None:
+    """Why the last step line of a log looks cut (the job killed, or the file copied, while it was
+    printed), or None: it has no line break and lacks its format's end (``is_whole``); the step line
+    before it has that end and it does not; or it stops within the fields of the line before it
+    (what follows where they differ, if anything, holds no `|` field: Slurm's kill message, say)."""
+    if last.cut and not is_whole(last.text):
+        return "no line break, and not the end of a step line"
+    if before is None:
+        return None
+    if is_whole(before.text) and not is_whole(last.text):
+        return "not the end of a step line, as the line before it has"
+    shape, before_shape = _shape(last.text), _shape(before.text)
+    common = len(os.path.commonprefix([shape, before_shape]))
+    if common < len(before_shape) and "|" not in shape[common:]:
+        return "it stops within the fields of the step line before it"
+    return None
+
+
+def _shape(text: str) -> str:
+    """A line with each number as `#` and each run of spaces as one."""
+    return _SPACES.sub(" ", _NUMBER.sub("#", text)).strip()
 
 
 def check_text(path: Path) -> None:

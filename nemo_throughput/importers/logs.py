@@ -27,7 +27,7 @@ from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import resolve_peak
 from nemo_throughput.importers import megatron, nemo, tensorboard
-from nemo_throughput.importers.lines import check_text, read_lines, read_once
+from nemo_throughput.importers.lines import check_text, cut_reason, read_lines, read_once
 from nemo_throughput.importers.steps import Step, StepLog
 from nemo_throughput.run_facts import USER_FLOPS, RunFacts, mfu_above_peak_warning
 from nemo_throughput.run_stats import RunStats, rank_rows
@@ -51,7 +51,7 @@ class ReadLog:
     rank: str | None = None  # the prefix label of the rank read; None: lines without a rank prefix
     ranks: list[str | None] = field(default_factory=list)  # every rank with step lines
     styles: set[str] = field(default_factory=set)
-    cut_line: int | None = None  # the last line, a step line without its end: not read
+    cut_line: tuple[int, str] | None = None  # the last step line and why it looks cut: not read
     no_value_lines: list[int] = field(default_factory=list)  # step lines without a value of their own (Primus)
 
     @property
@@ -104,19 +104,23 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
     labels = sorted({label for _, label in ranks}, key=_rank_order)
     chosen = _choose_rank(path, labels, rank)
     module = TEXT_FORMATS[fmt]
-    reader, cut_line = module.Reader(path, global_batch_size), None
+    reader = module.Reader(path, global_batch_size)
+    before = last = None  # the last step line is read once the file ends: it may be cut (5444.9 printed as 54)
     for line in read_lines(path):
         if line.rank == chosen and module.matches(line.text):
-            if line.cut and not module.is_whole(line.text):
-                cut_line = line.number  # its last number may be cut short: 5444.9 read as 54
-                continue
-            reader.feed(line)
-    if not reader.log.steps and cut_line is not None:
-        raise ReportError(f"{path}: its only step line, line {cut_line} (the last), has no line break: its numbers may "
-                          "be cut short, so it is not read (import again once the log holds a whole step line)")
+            if last is not None:
+                reader.feed(last)
+            before, last = last, line
+    cut = cut_reason(last, before, module.is_whole) if last is not None else None
+    if cut is None and last is not None:
+        reader.feed(last)
+    if not reader.log.steps and cut is not None:
+        raise ReportError(f"{path}: its only step line, line {last.number} (the last), looks cut ({cut}): its numbers "
+                          "may be cut short, so it is not read (import again once the log holds a whole step line)")
     if not reader.log.steps:
         raise ReportError(_no_steps_message(path, fmt))
     styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
+    cut_line = (last.number, cut) if cut is not None else None
     return ReadLog(fmt, reader.log, chosen, labels, styles, cut_line, getattr(reader, "no_value_lines", []))
 
 
@@ -197,8 +201,9 @@ def _measured(path: Path, valid: list[Step], window: Window | None, stats: RunSt
 def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
     notes = [f"read {read.rank_note}"] if read.rank_note else []
     if read.cut_line is not None:
-        notes.append(f"warning: line {read.cut_line}, the last, is a step line without its end (no line break): not "
-                     "read, its last number may be cut short (was the log still being written?)")
+        number, why = read.cut_line
+        notes.append(f"warning: line {number}, the last step line, looks cut ({why}): not read, its numbers may be "
+                     "cut short (was the job killed, or the log still being written?)")
     if read.no_value_lines:
         listed = ", ".join(map(str, read.no_value_lines[:MAX_LISTED])) + (" ..." if len(read.no_value_lines) > MAX_LISTED
                                                                            else "")
