@@ -321,6 +321,26 @@ def test_batch_ramp_within_the_counted_steps_is_refused(tmp_path, capsys):
     assert summary_of(tmp_path / "out", "rampup")["batch"]["global_batch_size"] == 128
 
 
+def test_megatron_lines_without_the_batch_state_it_through_consumed_samples(tmp_path, capsys):
+    """A real log (log interval 5) whose lines end after the throughput: consumed samples 51200, 56320,
+    61440 at iterations 50, 55, 60 make 1024 a step. Half of it given is refused, not half the tokens/s."""
+    log = DATA / "megatron_deepseek_v2_lite_no_trailing_fields.log"
+    common = ("--warmup", "0", "--seq-length", "4096", "--num-gpus", "8")
+    code, _, err = run_import(capsys, log, *common, "--global-batch-size", "512", out=tmp_path)
+    assert code == 2
+    assert ("--global-batch-size 512 but the log says 1024 (line 2, from `global batch size:`, or `consumed samples:` "
+            "from one printed iteration to the next)") in error_line(err, "deepseek")
+    code, _, err = run_import(capsys, log, *common, out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, log.stem)
+    assert summary["batch"]["global_batch_size"] == 1024
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(1024 * 4096 / ((61674.3 + 61614.9 + 61681.5) / 3e3))
+    uneven = tmp_path / "uneven.log"  # 5121 samples over 5 iterations is no whole batch: stated nowhere
+    uneven.write_text(log.read_text().replace("56320", "56321").replace("61440", "61442"))
+    code, _, err = run_import(capsys, uneven, *common, out=tmp_path)
+    assert code == 2 and "does not state the global batch size" in error_line(err, "uneven")
+
+
 def test_a_log_that_states_no_batch_needs_it_given(tmp_path, capsys):
     log = tmp_path / "bare.log"
     log.write_text("".join(f" iteration {i:8d}/      50 | elapsed time per iteration (ms): 1500.0 |\n"

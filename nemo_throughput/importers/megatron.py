@@ -7,7 +7,9 @@
 Both print it on the last rank only (``print_rank_last``), with the same format strings. The time
 is the mean over the ``--log-interval`` iterations that end at the printed one; it counts as one
 sample at that iteration. The global batch size is the one of that iteration (it changes during
-a ``--rampup-batch-size`` ramp).
+a ``--rampup-batch-size`` ramp). Where a line does not print it (some versions and forks), it is
+what ``consumed samples`` grew by since the line before, per iteration (Megatron counts the
+samples of skipped iterations too): a line without a line before it states none.
 
 Megatron-Bridge adds, on rank 0 (``print_rank_0``), a line per log interval such as
 ``Step Time : 4.65s GPU utilization: 1176.2MODEL_TFLOP/s/GPU`` (``TFLOP/s/GPU`` in older
@@ -36,12 +38,13 @@ from nemo_throughput.importers.steps import Step, StepLog
 
 NAME = "megatron"
 TAG = "elapsed time per iteration (ms)"
-BATCH_ORIGIN = "`global batch size:`"
+BATCH_ORIGIN = "`global batch size:`, or `consumed samples:` from one printed iteration to the next"
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|")
 # the value of this interval, then Primus' running average after a "/" (not read)
 _ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([^\s|/]*)")  # empty: only Primus' average
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
+_CONSUMED = re.compile(r"consumed samples:\s*(\d+)")
 _TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean):"
                              r"\s*([\d.]+)(?=[/\s|])")  # a number without what follows it may be cut
 _TRAILING_COLOUR_OR_SPACE = re.compile(r"(?:\x1b\[[0-9;]*m|\s)+$")
@@ -73,6 +76,7 @@ class Reader:
         self.log = StepLog(path)
         self.styles = {"Megatron-LM / Megatron-Bridge iteration lines"}
         self.no_value_lines: list[int] = []  # Primus lines with only the running average (`: /13364.7`)
+        self._consumed: tuple[int, int, int | None] | None = None  # iteration, consumed samples, batch of the last line
 
     def feed(self, line: Line) -> bool:
         iteration = _ITERATION.search(line.text)
@@ -87,8 +91,24 @@ class Reader:
         except ValueError:
             raise ReportError(f"{self.path}: line {line.number}: `{TAG}` is {elapsed.group(1)!r}, not a number "
                               "(is the line cut? give the log as the job wrote it)") from None
-        batch = _BATCH.search(line.text)
+        step = int(iteration.group(1))
         tokens = _TOKENS_PER_GPU.search(line.text)
-        self.log.add(Step(int(iteration.group(1)), milliseconds / 1e3, int(batch.group(1)) if batch else None,
-                          line.number, float(tokens.group(1)) if tokens else None))
+        self.log.add(Step(step, milliseconds / 1e3, self._batch(step, line.text), line.number,
+                          float(tokens.group(1)) if tokens else None))
         return True
+
+    def _batch(self, step: int, text: str) -> int | None:
+        """The global batch size the line prints, else the growth of ``consumed samples`` per
+        iteration since the line before (None where there is none, or it does not divide evenly)."""
+        stated, consumed = _BATCH.search(text), _CONSUMED.search(text)
+        batch = int(stated.group(1)) if stated else None
+        if consumed is None:
+            return batch
+        samples, previous = int(consumed.group(1)), self._consumed
+        if previous is not None and previous[:2] == (step, samples):
+            return previous[2] if batch is None else batch  # the same line printed again
+        if batch is None and previous is not None and step > previous[0]:
+            grown, iterations = samples - previous[1], step - previous[0]
+            batch = grown // iterations if grown > 0 and grown % iterations == 0 else None
+        self._consumed = (step, samples, batch)
+        return batch
