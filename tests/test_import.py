@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import select
 import statistics
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from conftest import nemo_throughput_cli, run_train_tiny
 from nemo_throughput.cli import main
 from nemo_throughput.flops import model_flops_per_sample
+from nemo_throughput.importers.lines import WAITING
 from nemo_throughput.importers.nemo import tqdm_range
 from nemo_throughput.presets import preset
 from nemo_throughput.report.runs import Window, load_run
@@ -803,6 +805,26 @@ def test_a_log_that_can_be_read_only_once_is_read_once(tmp_path, stream):
     (tmp_path / "out").mkdir()
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    (summary,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("summary.json")]
+    assert steps_of(summary) == [43, 44, 45, 71, 72, 73]
+
+
+def test_a_named_pipe_no_program_writes_to_says_it_waits_and_is_read_once_one_does(tmp_path):
+    fifo = tmp_path / "training.fifo"
+    os.mkfifo(fifo)
+    importing = subprocess.Popen([Path(sys.executable).parent / "nemo-throughput", "import", fifo, "--label", "x",
+                                  "--model", "gpt3-126m", "--seq-length", "2048", "--num-gpus", "16", "--warmup", "0",
+                                  "--output-dir", tmp_path / "out"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+    try:
+        assert select.select([importing.stderr], [], [], 30)[0], "no word in 30 s of waiting for a writer"
+        said = importing.stderr.readline()
+        assert said.strip() == f"nemo-throughput import: {fifo}: {WAITING}"
+        fifo.write_bytes((DATA / "megatron_lm_mixtral_issue756.log").read_bytes())  # a writer comes
+        out, err = importing.communicate(timeout=60)
+    finally:
+        importing.kill()
+    assert importing.returncode == 0, err
     (summary,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("summary.json")]
     assert steps_of(summary) == [43, 44, 45, 71, 72, 73]
 

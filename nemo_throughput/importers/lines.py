@@ -16,7 +16,9 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,11 +26,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nemo_throughput.errors import ReportError
+from nemo_throughput.importers import notice
 
 CHUNK_BYTES = 1 << 20
 SNIFF_BYTES = 64 * 1024
 MAX_PIECE_BYTES = 256 * 1024  # a longer run of bytes without \n or \r is not a log line: skipped
 MAX_UNDECODABLE_SHARE = 0.01  # of the first SNIFF_BYTES: more and the file is not text
+WAIT_NOTICE_S = 2.0  # a named pipe no program writes to yet: said after this long
+WAITING = "a named pipe no program has opened for writing yet: waiting for one (Ctrl-C stops)"
 
 _TIMESTAMP = re.compile(r"\s*\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s+")
 _SRUN = re.compile(r"\s*(\d+): ")
@@ -163,12 +168,19 @@ def read_once(path: Path) -> Iterator[None]:
     if not _is_stream(path):
         yield
         return
+    # Opening a named pipe waits for a writer, for ever if none comes: after a while, say so.
+    waiting = threading.Timer(WAIT_NOTICE_S, lambda: print(notice(path, WAITING), file=sys.stderr, flush=True))
+    waiting.daemon = True
     with tempfile.NamedTemporaryFile(prefix="nemo-throughput-import-") as copy:
+        waiting.start()
         try:
             with path.open("rb") as stream:
+                waiting.cancel()
                 shutil.copyfileobj(stream, copy, CHUNK_BYTES)
         except OSError as error:
             raise ReportError(f"{path}: cannot read it ({error.strerror or error})") from error
+        finally:
+            waiting.cancel()
         copy.flush()
         _COPIES[path] = Path(copy.name)
         try:
