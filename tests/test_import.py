@@ -631,6 +631,25 @@ def test_import_tensorboard_events_written_by_the_real_writer(tmp_path, capsys):
     assert summary["timing"]["step_time_s"]["mean"] == 1.25  # steps 11-30
 
 
+def test_tensorboard_events_state_the_batch_through_nemo_s_global_batch_size_scalar(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path / "tb" / "version_0")
+    for step in range(30):  # NeMo logs both at every step (its data sampler the batch, with self.log)
+        writer.add_scalar("global_batch_size", 64.0, step)
+        writer.add_scalar("train_step_timing in s", 2.0, step)
+    writer.close()
+    code, _, err = run_import(capsys, tmp_path / "tb", "--global-batch-size", "128", out=tmp_path / "imported")
+    assert code == 2
+    assert ("--global-batch-size 128 but the log says 64 (step 11, from the `global_batch_size` scalar)"
+            in error_line(err, "tb"))
+    code, _, err = run_import(capsys, tmp_path / "tb", out=tmp_path / "imported")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "imported", "tb")
+    assert summary["batch"]["global_batch_size"] == 64
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(64 * 2048 / 2.0)
+
+
 @pytest.mark.parametrize("content, message", [
     ("just some text\n", "no step lines: neither NeMo's `train_step_timing in s` nor Megatron-LM's"),
     ("Epoch 0: train_step_timing in s=3.2 without a step number\n", "no global_step, so no step number"),

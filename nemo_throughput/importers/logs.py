@@ -330,9 +330,10 @@ def _global_batch_size(path: Path, read: ReadLog, measured: list[Step], given: i
             f"{stated[0].step}, {first.global_batch_size} at step {first.step}): a batch-size ramp; count only "
             f"steps after it (e.g. --window {final.step}:)")
     if values and given is not None and values[0] != given:
-        raise ReportError(f"{path}: --global-batch-size {given} but the log says {values[0]} (line "
-                          f"{stated[0].line}, from {TEXT_FORMATS[read.fmt].BATCH_ORIGIN}) (leave out "
-                          "--global-batch-size or correct it)")
+        where = f"step {stated[0].step}" if read.fmt == tensorboard.NAME else f"line {stated[0].line}"
+        origin = {**TEXT_FORMATS, tensorboard.NAME: tensorboard}[read.fmt].BATCH_ORIGIN
+        raise ReportError(f"{path}: --global-batch-size {given} but the log says {values[0]} ({where}, from "
+                          f"{origin}) (leave out --global-batch-size or correct it)")
     if values:
         return values[0]
     if given is None:

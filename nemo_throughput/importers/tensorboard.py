@@ -1,4 +1,5 @@
-"""TensorBoard event files of NeMo runs: the ``train_step_timing in s`` scalar.
+"""TensorBoard event files of NeMo runs: the ``train_step_timing in s`` scalar, and the
+``global_batch_size`` one NeMo logs at every step (1.x and 2).
 
 An event file is a sequence of TFRecords: uint64 length, uint32 masked CRC-32C of the length,
 the data, uint32 masked CRC-32C of the data (little-endian). Every header's checksum is
@@ -19,6 +20,8 @@ from nemo_throughput.importers.steps import Step, StepLog
 
 NAME = "tensorboard"
 TAG = "train_step_timing in s"
+BATCH_TAG = "global_batch_size"
+BATCH_ORIGIN = f"the `{BATCH_TAG}` scalar"
 MAX_RECORD_BYTES = 64 << 20  # scalars take bytes; a larger record is not one of NeMo's
 CHECKED_DATA_RECORDS = 8  # data checksums verified on the first records (pure Python CRC is slow)
 
@@ -42,21 +45,28 @@ def event_files(path: Path) -> list[Path]:
 
 
 def read_steps(path: Path) -> StepLog:
-    """The scalar's (step, seconds) from an event file or a directory of them, steps from 1."""
+    """The step times (step, seconds) from an event file or a directory of them, steps from 1, each
+    with the batch its step logged (None where it logged none, or not a whole positive number)."""
     log = StepLog(path)
     for file in event_files(path):
-        for index, (step, value) in enumerate(_scalars(file, TAG)):
-            log.add(Step(step + 1, value, None, index + 1))
+        times, batches = [], {}
+        for tag, step, value in _scalars(file, (TAG, BATCH_TAG)):
+            if tag == TAG:
+                times.append((step, value))
+            else:
+                batches[step] = int(value) if value >= 1 and value == int(value) else None
+        for index, (step, value) in enumerate(times):
+            log.add(Step(step + 1, value, batches.get(step), index + 1))
     return log
 
 
-def _scalars(file: Path, tag: str) -> Iterator[tuple[int, float]]:
+def _scalars(file: Path, tags: tuple[str, ...]) -> Iterator[tuple[str, int, float]]:
     try:
         size = input_size(file)
         with open_input(file) as f:
             for number, record in enumerate(_records(f, size), start=1):
                 try:
-                    yield from _scalars_of_event(record, tag)
+                    yield from _scalars_of_event(record, tags)
                 except (IndexError, ValueError, struct.error, UnicodeDecodeError) as error:
                     raise ReportError(f"{file}: record {number} is not a readable event ({error}) (is the file "
                                       "cut or corrupted? give an intact event file)") from None
@@ -92,7 +102,7 @@ def _not_events(f: BinaryIO, what: str) -> ReportError:
                        "or the directory TensorBoardLogger wrote)")
 
 
-def _scalars_of_event(event: bytes, tag: str) -> Iterator[tuple[int, float]]:
+def _scalars_of_event(event: bytes, tags: tuple[str, ...]) -> Iterator[tuple[str, int, float]]:
     # Event{2: step (varint), 5: Summary{1: repeated Value{1: tag, 2: simple_value (float),
     # 8: TensorProto{1: dtype, 4: tensor_content, 5: float_val, 6: double_val}}}}
     step = 0
@@ -107,12 +117,13 @@ def _scalars_of_event(event: bytes, tag: str) -> Iterator[tuple[int, float]]:
             if number != 1:
                 continue
             fields = {n: v for n, _, v in _protobuf_fields(value)}
-            if fields.get(1, b"").decode(errors="replace") != tag:
+            tag = fields.get(1, b"").decode(errors="replace")
+            if tag not in tags:
                 continue
             if 2 in fields:
-                yield step, struct.unpack("<f", fields[2])[0]
+                yield tag, step, struct.unpack("<f", fields[2])[0]
             elif 8 in fields:
-                yield step, _tensor_scalar(fields[8])
+                yield tag, step, _tensor_scalar(fields[8])
 
 
 def _tensor_scalar(tensor: bytes) -> float:
