@@ -631,6 +631,25 @@ def test_import_tensorboard_events_written_by_the_real_writer(tmp_path, capsys):
     assert summary["timing"]["step_time_s"]["mean"] == 1.25  # steps 11-30
 
 
+def test_tensorboard_events_of_a_run_resumed_or_without_step_times_are_refused_saying_what_to_give(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    for segment, steps, seconds in ((0, range(20), 2.0), (1, range(10, 30), 3.0)):  # resumed at step 10
+        writer = SummaryWriter(tmp_path / "resumed" / f"version_{segment}")
+        for step in steps:
+            writer.add_scalar("train_step_timing in s", seconds, step)
+        writer.close()
+    code, _, err = run_import(capsys, tmp_path / "resumed", "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 2
+    assert ("step 11 is printed twice with different values (value 11: 2 s, value 21: 3 s) (the run restarted from a "
+            "checkpoint and logged its steps again: import each event file") in error_line(err, "resumed")
+    writer = SummaryWriter(tmp_path / "loss-only")
+    writer.add_scalar("reduced_train_loss", 2.5, 0)
+    writer.close()
+    code, _, err = run_import(capsys, tmp_path / "loss-only", "--global-batch-size", "8", out=tmp_path / "out")
+    assert code == 2 and "no `train_step_timing in s` scalar in its event files" in error_line(err, "loss-only")
+
+
 def test_tensorboard_events_state_the_batch_through_nemo_s_global_batch_size_scalar(tmp_path, capsys):
     from torch.utils.tensorboard import SummaryWriter
 

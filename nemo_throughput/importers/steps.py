@@ -29,6 +29,9 @@ class StepLog:
 
     path: Path
     steps: list[Step] = field(default_factory=list)
+    place: str = "line"  # what Step.line counts, for the messages
+    split: str = ("several ranks print without a rank prefix, or the job restarted into this log: run with srun "
+                  "--label or torchrun --tee, or split the log where the job restarted")  # what to do about a clash
     _index: dict[int, int] = field(default_factory=dict, init=False, repr=False)
 
     def add(self, step: Step) -> None:
@@ -37,18 +40,15 @@ class StepLog:
             earlier = self.steps[seen]
             if not _same(earlier, step):
                 raise ReportError(
-                    f"{self.path}: step {step.step} is printed twice with different values (line {earlier.line}: "
-                    f"{earlier.seconds:g} s, line {step.line}: {step.seconds:g} s) (several ranks print without a "
-                    "rank prefix, or the job restarted into this log: run with srun --label or torchrun --tee, "
-                    "or split the log where the job restarted)")
+                    f"{self.path}: step {step.step} is printed twice with different values ({self.place} "
+                    f"{earlier.line}: {earlier.seconds:g} s, {self.place} {step.line}: {step.seconds:g} s) "
+                    f"({self.split})")
             return
         if self.steps and step.step < self.steps[-1].step:
             last = self.steps[-1]
             raise ReportError(
-                f"{self.path}: step numbers go backwards at line {step.line} (step {step.step} after step "
-                f"{last.step} at line {last.line}) (several ranks print without a rank prefix, or the job "
-                "restarted into this log: run with srun --label or torchrun --tee, or split the log where the "
-                "job restarted)")
+                f"{self.path}: step numbers go backwards at {self.place} {step.line} (step {step.step} after step "
+                f"{last.step} at {self.place} {last.line}) ({self.split})")
         self._index[step.step] = len(self.steps)
         self.steps.append(step)
 

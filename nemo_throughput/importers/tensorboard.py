@@ -47,7 +47,8 @@ def event_files(path: Path) -> list[Path]:
 def read_steps(path: Path) -> StepLog:
     """The step times (step, seconds) from an event file or a directory of them, steps from 1, each
     with the batch its step logged (None where it logged none, or not a whole positive number)."""
-    log = StepLog(path)
+    log = StepLog(path, place="value", split="the run restarted from a checkpoint and logged its steps again: "
+                  "import each event file, or each segment's directory, on its own")
     for file in event_files(path):
         times, batches = [], {}
         for tag, step, value in _scalars(file, (TAG, BATCH_TAG)):
@@ -55,8 +56,11 @@ def read_steps(path: Path) -> StepLog:
                 times.append((step, value))
             else:
                 batches[step] = int(value) if value >= 1 and value == int(value) else None
-        for index, (step, value) in enumerate(times):
-            log.add(Step(step + 1, value, batches.get(step), index + 1))
+        for step, value in times:  # `line`: the value's place among all files' step times
+            log.add(Step(step + 1, value, batches.get(step), len(log.steps) + 1))
+    if not log.steps:
+        raise ReportError(f"{path}: no `{TAG}` scalar in its event files (give the event files of a NeMo training "
+                          "run, whose timing callback logs it)")
     return log
 
 
