@@ -343,6 +343,15 @@ def test_megatron_lines_without_the_batch_state_it_through_consumed_samples(tmp_
     assert code == 2 and "does not state the global batch size" in error_line(err, "uneven")
 
 
+def test_a_window_between_two_printed_iterations_says_which_are_printed(tmp_path, capsys):
+    log = DATA / "megatron_deepseek_v2_lite_no_trailing_fields.log"  # iterations 50, 55 and 60
+    code, _, err = run_import(capsys, log, "--seq-length", "4096", "--num-gpus", "8", "--window", "51:55",
+                              out=tmp_path)
+    assert code == 2
+    assert ("--window 51:55 selects none (the log prints steps 50, 55, 60; a window A:B holds A to B-1)"
+            in error_line(err, "deepseek"))
+
+
 def test_a_log_that_states_no_batch_needs_it_given(tmp_path, capsys):
     log = tmp_path / "bare.log"
     log.write_text("".join(f" iteration {i:8d}/      50 | elapsed time per iteration (ms): 1500.0 |\n"

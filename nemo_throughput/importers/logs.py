@@ -192,8 +192,10 @@ def _measured(path: Path, valid: list[Step], window: Window | None, stats: RunSt
     counted = window.select([(s.step, s) for s in valid]) if window else [(s.step, s) for s in valid]
     measured = [s for n, s in counted if not stats.is_warmup(n)]
     if not measured:
+        printed = ", ".join(str(s.step) for s in valid[:MAX_LISTED]) + (" ..." if len(valid) > MAX_LISTED else "")
         raise ReportError(f"{path}: no step left to measure: it has steps {valid[0].step} to {valid[-1].step}, "
-                          + (f"--window {window.text} selects none" if window else
+                          + (f"--window {window.text} selects none (the log prints steps {printed}; a window A:B "
+                             "holds A to B-1)" if window else
                              f"the first {warmup_steps} are warm-up (give --warmup or --window)"))
     return measured
 
