@@ -165,7 +165,9 @@ def test_bridge_writers_on_the_last_rank_get_the_lightning_keys_with_the_run_s_v
     # The same keys as a Lightning run's logger, but the phases Bridge's events cannot split.
     bridge_keys = {key.removeprefix("throughput/") for key in mlflow}
     lightning = lightning_tracker_keys(tmp_path / "lightning")
-    assert all(keys == lightning["csv"] for keys in lightning.values()), lightning
+    differ = {tracker: {"lacks": sorted(lightning["csv"] - keys), "adds": sorted(keys - lightning["csv"])}
+              for tracker, keys in lightning.items() if keys != lightning["csv"]}
+    assert not differ, differ  # each tracker's keys against the CSV logger's
     lightning_keys = {key.removeprefix("throughput/") for key in lightning["csv"]}
     assert bridge_keys == lightning_keys - NOT_UNDER_BRIDGE
     # A CPU has no peak and no telemetry; fixed-length batches are not counted.
