@@ -343,6 +343,17 @@ def test_megatron_lines_without_the_batch_state_it_through_consumed_samples(tmp_
     assert code == 2 and "does not state the global batch size" in error_line(err, "uneven")
 
 
+def test_iterations_printed_unevenly_apart_are_warned_about(tmp_path, capsys):
+    """The issue's excerpt keeps iterations 43-45 and 71-73: each printed time is one sample, the 26
+    iterations between them are not in the log. A whole log (every 5 iterations) gets no warning."""
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", "--warmup", "0", out=tmp_path)
+    assert code == 0, err
+    assert "warning: the counted iterations are printed unevenly, 1, 26 apart (lines missing from the log?)" in err
+    code, _, err = run_import(capsys, DATA / "megatron_deepseek_v2_lite_no_trailing_fields.log", "--warmup", "0",
+                              "--seq-length", "4096", out=tmp_path)
+    assert code == 0 and "unevenly" not in err, err
+
+
 def test_a_window_between_two_printed_iterations_says_which_are_printed(tmp_path, capsys):
     log = DATA / "megatron_deepseek_v2_lite_no_trailing_fields.log"  # iterations 50, 55 and 60
     code, _, err = run_import(capsys, log, "--seq-length", "4096", "--num-gpus", "8", "--window", "51:55",

@@ -173,7 +173,8 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         steps=[[s.step, s.seconds] for s in valid],
         excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]})
     summary = build_summary(facts, stats, "completed", explained={"network": network_section}, log_timing=log_timing)
-    notes = _notes(read, bad) + _window_notes(read, valid, measured, window) + _above_peak_notes(facts, summary)
+    notes = (_notes(read, bad) + _window_notes(read, valid, measured, window) + _spacing_notes(read, measured)
+             + _above_peak_notes(facts, summary))
     if tokens_checked:
         notes.append(f"the log's own tokens/s per GPU agree with --seq-length {seq_length} and --num-gpus {num_gpus} "
                      f"({tokens_checked} line(s) checked)")
@@ -249,6 +250,19 @@ def _window_notes(read: ReadLog, valid: list[Step], measured: list[Step], window
     return [f"warning: --window {window.text} spans {span} step(s), fewer than the log interval of {interval}: each "
             f"printed time is the mean of the {interval} iterations up to it, so this measures {covered}, nothing "
             "finer (give a window of whole intervals)"]
+
+
+def _spacing_notes(read: ReadLog, measured: list[Step]) -> list[str]:
+    """Megatron prints every log interval: counted iterations printed unevenly apart mean lines are
+    missing (a trimmed or filtered log), and each printed time still counts as one sample."""
+    if read.fmt != megatron.NAME:
+        return []
+    printed = [s.step for s in read.steps.steps if measured[0].step <= s.step <= measured[-1].step]
+    gaps = sorted({b - a for a, b in zip(printed, printed[1:], strict=False)})
+    if len(gaps) <= 1:
+        return []
+    return [f"warning: the counted iterations are printed unevenly, {', '.join(map(str, gaps))} apart (lines missing "
+            "from the log?): each printed time counts as one sample, whatever number of iterations it stands for"]
 
 
 def _log_interval(steps: list[Step]) -> int:
