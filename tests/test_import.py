@@ -678,6 +678,13 @@ def test_tensorboard_events_state_the_batch_through_nemo_s_global_batch_size_sca
         writer.add_scalar("global_batch_size", 64.0, step)
         writer.add_scalar("train_step_timing in s", 2.0, step)
     writer.close()
+    odd = SummaryWriter(tmp_path / "odd")  # batches that are no batch size state none, and break nothing
+    for step, batch in enumerate((math.inf, math.nan, -64.0, 0.5, 64.5)):
+        odd.add_scalar("global_batch_size", batch, step)
+        odd.add_scalar("train_step_timing in s", 2.0, step)
+    odd.close()
+    code, _, err = run_import(capsys, tmp_path / "odd", "--warmup", "0", out=tmp_path / "imported")
+    assert code == 2 and "does not state the global batch size" in error_line(err, "odd")
     code, _, err = run_import(capsys, tmp_path / "tb", "--global-batch-size", "128", out=tmp_path / "imported")
     assert code == 2
     assert ("--global-batch-size 128 but the log says 64 (step 11, from the `global_batch_size` scalar)"

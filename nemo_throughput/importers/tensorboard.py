@@ -9,6 +9,7 @@ read, so a file that is not an event file is refused at its first record, in bou
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,7 +56,7 @@ def read_steps(path: Path) -> StepLog:
             if tag == TAG:
                 times.append((step, value))
             else:
-                batches[step] = int(value) if value >= 1 and value == int(value) else None
+                batches[step] = int(value) if math.isfinite(value) and value >= 1 and value.is_integer() else None
         for step, value in times:  # `line`: the value's place among all files' step times
             log.add(Step(step + 1, value, batches.get(step), len(log.steps) + 1))
     if not log.steps:
