@@ -38,6 +38,7 @@ __all__ = ["Exchange", "FinalSteps", "Gathered", "step_times", "steps_tensor"]
 
 ENV_FINAL_EXCHANGE_TIMEOUT_S = "NEMO_THROUGHPUT_FINAL_EXCHANGE_TIMEOUT_S"
 DEFAULT_FINAL_EXCHANGE_TIMEOUT_S = 10.0  # well inside Slurm's KillWait and Kubernetes' grace period (30 s)
+LONGEST_FINAL_EXCHANGE_TIMEOUT_S = 86400.0  # a day: longer is a mistake (and overflows the process group's timeout)
 
 log = package_logger(__name__)
 
@@ -51,9 +52,10 @@ def final_exchange_timeout_s() -> float:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"{ENV_FINAL_EXCHANGE_TIMEOUT_S}={text!r}: expected a number of seconds greater than 0 "
-                         f"(default {DEFAULT_FINAL_EXCHANGE_TIMEOUT_S:g}); unset it or set e.g. 10.")
+    if not (math.isfinite(seconds) and 0 < seconds <= LONGEST_FINAL_EXCHANGE_TIMEOUT_S):
+        raise ValueError(f"{ENV_FINAL_EXCHANGE_TIMEOUT_S}={text!r}: expected a number of seconds greater than 0, at "
+                         f"most {LONGEST_FINAL_EXCHANGE_TIMEOUT_S:g} (default {DEFAULT_FINAL_EXCHANGE_TIMEOUT_S:g}); "
+                         "unset it or set e.g. 10.")
     return seconds
 
 

@@ -14,6 +14,11 @@ from nemo_throughput.target import checked_target
 from nemo_throughput.throughput import RATES
 from nemo_throughput.values import is_int, is_number
 
+# Above these a value is a typo or a unit mix-up (and overflows the arithmetic), not a run.
+LARGEST_BATCH_OR_LENGTH = 2**24  # sequences per step, or tokens per sequence
+LARGEST_PEAK_TFLOPS = 1e5  # per GPU: ten times the largest dense peak sold (FP4)
+LARGEST_FLOPS_PER_SAMPLE = 1e21  # a 10-trillion-parameter model on a million-token sequence is ~6e19
+
 
 @dataclass
 class ThroughputConfig:
@@ -29,7 +34,8 @@ class ThroughputConfig:
     """First steps of the run left out of the statistics (allocator, NCCL and kernel warm-up)."""
     output_dir: str | None = None
     """Where `summary.json` (and `steps.jsonl`) go. Default: `$NEMO_THROUGHPUT_OUTPUT_DIR`, else
-    `<trainer.log_dir>/throughput`. If another run already wrote there, `<output_dir>/<run_name>/`."""
+    `<trainer.log_dir>/throughput`. If another run already wrote there, `<output_dir>/<run_name>/`.
+    A leading `~` is your home directory, in the setting and the variable alike."""
     run_name: str | None = None
     """`run.name`. Default: `<model>_<nodes>n<gpus>g_<UTC start>`."""
     run_label: str | None = None
@@ -115,13 +121,14 @@ class ThroughputConfig:
             value = getattr(self, name)
             if value is not None:
                 require_positive_int(name, value, prefix="")
+                if value > LARGEST_BATCH_OR_LENGTH:  # no run has one; a larger value is a typo (and overflows)
+                    raise ValueError(f"{name} must be at most {LARGEST_BATCH_OR_LENGTH:,}, got {value!r}")
         if self.flops_formula not in FLOPS_FORMULAS:
             raise ValueError(f"Unknown flops_formula {self.flops_formula!r}; choose one of {list(FORMULAS)} "
                              f"(GPT formulas) or {MEASURED!r} (any model: counted on its first training step)")
         if self.dtype is not None:
             self.dtype = check_dtype(self.dtype)
-        check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
-        check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
+        check_flops_settings(self.peak_tflops, self.flops_per_sample)
         self._check_measured()
         if self.rate not in RATE_CHOICES:
             raise ValueError(f"Unknown rate {self.rate!r}; choose one of {list(RATE_CHOICES)} (auto: tokens/s when "
@@ -172,14 +179,24 @@ RATE_CHOICES = ("auto", *RATES)
 _CHOICES = {"rate": RATE_CHOICES, "flops_formula": FLOPS_FORMULAS, "dtype": DTYPES, "profile_mode": PROFILE_MODES}
 
 
-def check_positive_number(name: str, value: Any, unit: str) -> None:
-    """None, or a positive finite int/float (a bool or a numeric string is a mistake, not a number)."""
+def check_positive_number(name: str, value: Any, unit: str, largest: float = math.inf, hint: str = "") -> None:
+    """None, or a positive finite int/float up to ``largest`` (a bool or a numeric string is a mistake,
+    not a number); ``hint`` says what a value over ``largest`` probably meant."""
     if value is None:
         return
     if not is_number(value):
         raise ValueError(f"{name} must be a number {unit}, got {value!r} ({type(value).__name__})")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number {unit}, got {value!r}")
+    if value > largest:
+        raise ValueError(f"{name} must be at most {largest:g} {unit.removeprefix('of ')}, got {value:g}{hint}")
+
+
+def check_flops_settings(peak_tflops: Any, flops_per_sample: Any) -> None:
+    """The peak and the FLOPs per sample, as settings and as an import's arguments give them."""
+    check_positive_number("peak_tflops", peak_tflops, "of TFLOPS per GPU", LARGEST_PEAK_TFLOPS,
+                          " (FLOPS given for TFLOPS? an H100's dense BF16 peak is 989)")
+    check_positive_number("flops_per_sample", flops_per_sample, "of model FLOPs per sample", LARGEST_FLOPS_PER_SAMPLE)
 
 
 def _checked_profile_steps(value: Any) -> tuple[int, int] | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import environment
-from nemo_throughput.config import ThroughputConfig, check_positive_number
+from nemo_throughput.config import ThroughputConfig, check_flops_settings
 from nemo_throughput.flops import FLOPS_FORMULAS, MEASURED, ModelSpec, model_flops_per_sample, require_positive_int
 from nemo_throughput.hardware import LOW_PRECISION, device_name, resolve_peak
 from nemo_throughput.throughput import RATES, Workload
@@ -93,8 +93,7 @@ class RunFacts:
         if self.flops_formula not in (*FLOPS_FORMULAS, USER_FLOPS, None):
             raise ValueError(f"flops_formula must be one of {[*FLOPS_FORMULAS, USER_FLOPS, None]}, "
                              f"got {self.flops_formula!r}")
-        check_positive_number("flops_per_sample", self.flops_per_sample, "of model FLOPs per sample")
-        check_positive_number("peak_tflops", self.peak_tflops, "of TFLOPS per GPU")
+        check_flops_settings(self.peak_tflops, self.flops_per_sample)
 
     @functools.cached_property
     def spec_dict(self) -> dict[str, Any] | None:

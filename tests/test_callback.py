@@ -262,10 +262,39 @@ def test_a_model_the_formulas_cannot_describe_needs_its_flops_given(tmp_path, qu
     ({"stall_factor": float("nan")}, "stall_factor must be a positive number"),
     ({"stall_min_s": 0}, "stall_min_s must be a positive number of seconds"),
     ({"stall_min_s": float("inf")}, "stall_min_s must be a positive number of seconds"),
+    # beyond any run: a unit mix-up or a typo, which would give absurd figures or overflow at a log step
+    ({"peak_tflops": 989e12}, r"peak_tflops must be at most 100000 TFLOPS per GPU, got 9.89e\+14 \(FLOPS given "
+                              r"for TFLOPS\? an H100's dense BF16 peak is 989\)"),
+    ({"flops_per_sample": 1e308}, "flops_per_sample must be at most 1e\\+21 model FLOPs per sample, got 1e\\+308"),
+    ({"global_batch_size": 10**30}, "global_batch_size must be at most 16,777,216, got 10000"),
+    ({"seq_length": 2**25}, "seq_length must be at most 16,777,216, got 33554432"),
 ])
 def test_settings_of_the_wrong_type_or_impossible_value_fail_naming_the_setting(settings, message):
     with pytest.raises(ValueError, match=message):
         ThroughputCallback(**settings)
+
+
+def test_an_output_dir_under_home_is_the_home_s_and_a_blank_or_garbled_one_is_refused(tmp_path, quiet_trainer_kwargs,
+                                                                                      monkeypatch):
+    """Hydra and Kubernetes pass `~/runs` on as typed: it is the home's, not a `./~` beside the job."""
+    import pytorch_lightning as pl
+
+    from nemo_throughput.run.startup import requested_output_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    callback = ThroughputCallback(output_dir="~/runs", log_every_n_steps=2, warmup_steps=1)
+    pl.Trainer(max_steps=3, callbacks=[callback], logger=False, **quiet_trainer_kwargs).fit(
+        DemoGPT(tiny_gpt_cfg(global_batch_size=2)))
+    assert callback.summary_path == str(tmp_path / "home" / "runs" / "summary.json")
+    assert not (tmp_path / "~").exists()
+    assert requested_output_dir(None, "~/from-env") == str(tmp_path / "home" / "from-env")
+    assert requested_output_dir("", None) is None  # neither given: the adapter's default
+    variable_name = "NEMO_THROUGHPUT_OUTPUT_DIR"
+    for setting, variable, name in (("  ", None, "output_dir"), ("runs\n2", None, "output_dir"),
+                                    (None, "\t", variable_name), (None, "a\x1b[2Jb", variable_name)):
+        with pytest.raises(ValueError, match=f"{name} .* is blank or holds control characters"):
+            requested_output_dir(setting, variable)
 
 
 def test_numbers_may_be_given_as_int_or_float_and_paths_as_pathlike(tmp_path):

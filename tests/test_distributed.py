@@ -153,7 +153,9 @@ def test_the_final_exchange_gives_up_after_its_timeout_and_says_what_is_missing(
     assert "2 s" in results[0]["missing"]
 
 
-def test_a_final_exchange_timeout_that_is_not_a_positive_number_is_refused(monkeypatch):
-    monkeypatch.setenv(ENV_FINAL_EXCHANGE_TIMEOUT_S, "ten")
-    with pytest.raises(ValueError, match=f"{ENV_FINAL_EXCHANGE_TIMEOUT_S}='ten'.*seconds"):
+@pytest.mark.parametrize("value", ["ten", "-1", "inf", "1e15"])  # 1e15 s overflowed gloo's timeout on two ranks
+def test_a_final_exchange_timeout_that_is_not_a_positive_number_up_to_a_day_is_refused(monkeypatch, value):
+    monkeypatch.setenv(ENV_FINAL_EXCHANGE_TIMEOUT_S, value)
+    with pytest.raises(ValueError, match=f"{ENV_FINAL_EXCHANGE_TIMEOUT_S}='{value}'.*seconds greater than 0, at "
+                                         "most 86400"):
         Exchange()

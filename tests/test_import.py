@@ -795,8 +795,8 @@ def test_a_last_line_cut_while_being_written_is_not_read_as_a_step(tmp_path, cap
     code, _, err = run_import(capsys, cut, "--warmup", "0", out=tmp_path / "out")
     assert code == 0, err
     assert steps_of(summary_of(tmp_path / "out", "running")) == [43, 44, 45, 71, 72]
-    assert (f"nemo-throughput import: {cut}: warning: line 6, the last step line, looks cut (no line break, and not the "
-            "end of a step line)") in err
+    assert (f"nemo-throughput import: {cut}: warning: line 6, the last step line, looks cut (no line break, and not "
+            "the end of a step line)") in err
     whole = tmp_path / "whole.log"
     whole.write_bytes(text.rstrip(b"\n"))  # complete up to its last `|`, only the line break missing
     code, _, err = run_import(capsys, whole, "--warmup", "0", out=tmp_path / "out")

@@ -41,12 +41,25 @@ def start_run(config: ThroughputConfig, describe: DescribeRun, rank: int, defaul
     with warnings_on_rank_zero(rank):
         facts = describe(records)
     prometheus = prometheus_setting(config.prometheus, os.environ)
-    requested = config.output_dir or os.environ.get(environment.ENV_OUTPUT_DIR) or default_dir
+    requested = requested_output_dir(config.output_dir, os.environ.get(environment.ENV_OUTPUT_DIR)) or default_dir
     # Checked now, not when the summary is first written at the end of hours of training.
     output_dir, run_id = claim_output_dir_on_rank_zero(rank, requested, facts)
     steps_jsonl = {"path": STEPS_FILE, "complete": True, "error": None} if config.per_step_jsonl else None
     return Started(replace(facts, run_id=run_id, steps_jsonl=steps_jsonl), records, requested, output_dir,
                    prometheus)
+
+
+def requested_output_dir(setting: str | None, variable: str | None) -> str | None:
+    """The output_dir setting, else the variable, with `~` expanded (Hydra and Kubernetes manifests
+    pass it on as typed); None where neither is given. Blank or with control characters: refused,
+    not a directory of spaces or one the messages cannot show."""
+    for name, value in (("output_dir", setting), (environment.ENV_OUTPUT_DIR, variable)):
+        if not value:
+            continue
+        if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError(f"{name} {value!r} is blank or holds control characters: give a directory path")
+        return os.path.expanduser(value)
+    return None
 
 
 @contextlib.contextmanager
