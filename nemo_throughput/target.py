@@ -169,6 +169,7 @@ class RunClock:
         self.clock = TimeToTarget(Target(**target))
         self._rank, self._global_batch_size = rank, global_batch_size
         self._mllog = MLPerfLog(output_dir, run_id) if mllog and rank == 0 else None
+        self._said_missing = False  # the metric absent after a validation: said once
 
     def start(self) -> None:
         """MLPerf's run_start: after set-up, before any data is touched."""
@@ -181,7 +182,11 @@ class RunClock:
         Returns this rank's vote to stop where the target says ``stop``, else None (every rank checks
         at the same points, so that a stop decided across ranks pairs its collective)."""
         clock = self.clock
-        first = clock.check(metrics() if metrics is not None else {}, step)
+        logged = metrics() if metrics is not None else {}
+        first = clock.check(logged, step)
+        if first is None and after_validation and logged and not self._said_missing:
+            self._said_missing = True
+            self._say_missing(f"is not among the metrics logged after validation at step {step}", logged)
         if self._mllog is not None and after_validation and first is not None:
             self._mllog.evaluation(clock.value, step, samples=step * self._global_batch_size)
         if first:
@@ -198,8 +203,22 @@ class RunClock:
             self._mllog.run_stop(True, clock.started_wall_ms + round(clock.seconds * 1000), step)
             self._close_mllog()
 
+    def _say_missing(self, what: str, logged: Mapping[str, Any]) -> None:
+        """A target whose metric is never logged is never reached (a typo in its name, say): rank 0 says so."""
+        if self._rank != 0:
+            return
+        names = sorted(map(str, logged))
+        listed = ", ".join(printable(name) for name in names[:20]) + (" ..." if len(names) > 20 else "")
+        log.warning("nemo-throughput: the target's metric %s %s (%s): is its name right? Until it is logged the "
+                    "target is not reached%s.", printable(self.clock.target.metric), what, listed or "none",
+                    " and training does not stop for it" if self.clock.target.stop else "")
+
     def stop(self, step: int) -> None:
-        """The run ends without the target reached: MLPerf's run_stop, aborted."""
+        """The run ends without the target reached: MLPerf's run_stop, aborted. A metric never logged
+        in the whole run is said once more."""
+        if self.clock.value is None and self._rank == 0:
+            log.warning("nemo-throughput: the target's metric %s was never logged in this run: time_to_target is "
+                        "not reached, with no value", printable(self.clock.target.metric))
         if self._mllog is not None:
             self._mllog.run_stop(False, self.clock.started_wall_ms + round(self.clock.elapsed_s() * 1000), step)
             self._close_mllog()

@@ -122,6 +122,23 @@ def test_a_training_metric_is_checked_on_log_steps_and_stop_ends_training(tmp_pa
     assert trainer.global_step == 6 and summary["status"] == "completed"
 
 
+def test_a_target_metric_never_logged_is_said_after_the_first_validation_and_at_the_end(tmp_path, quiet_trainer_kwargs,
+                                                                                        caplog):
+    """A typo in the metric's name: never reached, and never silently so (stop: true would never stop)."""
+    with caplog.at_level("WARNING", logger="nemo_throughput"):
+        _, _, trainer, summary, _ = fit(tmp_path, quiet_trainer_kwargs, steps=12,
+                                        target={"metric": "val_los", "value": 1.0, "mode": "min", "stop": True})
+    section = summary["time_to_target"]
+    assert section["status"] == "target_not_reached" and section["value"] is None and trainer.global_step == 12
+    warnings = [record.getMessage() for record in caplog.records if "val_los " in record.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("nemo-throughput: the target's metric val_los is not among the metrics logged after "
+                                  "validation at step 5 (")
+    assert "val_loss" in warnings[0] and "training does not stop for it" in warnings[0]
+    assert warnings[1] == ("nemo-throughput: the target's metric val_los was never logged in this run: time_to_target "
+                           "is not reached, with no value")
+
+
 def test_no_target_no_section(tmp_path, quiet_trainer_kwargs):
     *_, summary, _ = fit(tmp_path, quiet_trainer_kwargs, steps=3)
     assert summary["time_to_target"] is None
