@@ -296,6 +296,23 @@ def test_profiled_and_skipped_steps_in_steps_jsonl_are_left_out_of_a_window_with
         load_run(path, Window.parse("1:"))
 
 
+def test_warm_up_steps_and_another_run_s_steps_in_steps_jsonl_are_never_averaged(tmp_path):
+    """`--window -100:` on a short run would reach into its warm-up (slow steps the summary leaves
+    out); a steps.jsonl beside the summary whose lines are of another run is refused."""
+    warm = [json.dumps({"step": n, "warmup": True, "step_time_s": 5.0, "ranks": []}) + "\n" for n in (1, 2)]
+    path = write_steps(good_run(tmp_path, "a"), warm + [step_line(n, 1.0) for n in range(3, 8)])
+    run = load_run(path, Window.parse("-100:"))
+    assert (run.step_time_s, run.steps_counted) == (1.0, 5)
+    assert run.notes == [f"{tmp_path}/a/steps.jsonl: steps 1-2 are the run's warm-up (warmup_steps); left out"]
+    run_id = json.loads(path.read_text())["run"]["id"]
+    other = json.dumps({"step": 8, "run_id": "0123456789ab", "step_time_s": 1.0, "ranks": []}) + "\n"
+    mine = json.dumps({"step": 3, "run_id": run_id, "step_time_s": 1.0, "ranks": []}) + "\n"
+    write_steps(path, [mine, other])
+    with pytest.raises(ReportError, match=f"steps.jsonl: line 2: a step of run '0123456789ab', not of the summary's "
+                                          f"run '{run_id}'"):
+        load_run(path, Window.parse("1:"))
+
+
 @pytest.mark.parametrize("bad_line, message", [
     (step_line(5, float("nan")), r"line 5: step_time_s is nan; it must be a positive finite number"),
     (step_line(5, -1.0), r"line 5: step_time_s is -1.0; it must be a positive finite number"),

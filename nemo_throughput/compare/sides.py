@@ -247,8 +247,8 @@ def _has_complete_jsonl(document: dict[str, Any]) -> bool:
 
 
 def _jsonl_steps(run: Run) -> list[tuple[int, float]] | None:
-    """The last steps_counted steps of steps.jsonl beside the summary (warm-up steps come first;
-    profiled and skipped ones are left out by read_steps_jsonl, as the statistics leave them out)."""
+    """The last steps_counted steps of steps.jsonl beside the summary (read_steps_jsonl leaves out
+    warm-up, profiled and skipped ones, as the statistics leave them out)."""
     jsonl = run.path.parent / STEPS_FILE
     if not os.path.lexists(jsonl):
         return None

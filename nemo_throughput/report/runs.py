@@ -328,7 +328,8 @@ def _step_series(path: Path, fields: Fields) -> tuple[list[tuple[int, float]], l
     if not jsonl.exists():
         raise ReportError(f"{path}: --window needs per-step times, and this run has none (record them with "
                           "per_step_jsonl=true or +callbacks=throughput_debug)")
-    steps, notes = read_steps_jsonl(jsonl)
+    run_id = fields.value("run.id", None)
+    steps, notes = read_steps_jsonl(jsonl, run_id if isinstance(run_id, str) else None)
     return _in_step_order(steps, str(jsonl)), notes
 
 
@@ -338,29 +339,33 @@ def _embedded_step(fields: Fields, index: int, row: Any) -> tuple[int, float]:
     return row[0], float(row[1])
 
 
-def read_steps_jsonl(jsonl: Path) -> tuple[list[tuple[int, float]], list[str]]:
-    """(step, step time) of each line of a steps.jsonl, and notes on what was left out.
+def read_steps_jsonl(jsonl: Path, run_id: str | None = None) -> tuple[list[tuple[int, float]], list[str]]:
+    """(step, step time) of each measured line of a steps.jsonl, and notes on what was left out.
 
     The writer ends every line with a newline and flushes each interval, so a run that stopped
     while writing leaves at most its last line cut: that line is left out with a note. Any other
-    bad line is an error: an average over it would be silently wrong. Steps of a profile window
-    (``"profiled": true``) ran under the profiler, and skipped iterations (``"skipped": true``, no
-    optimizer update): they are left out, with a note.
+    bad line is an error: an average over it would be silently wrong; so is a line of another run
+    than ``run_id`` (the summary's). Warm-up steps (``"warmup": true``), steps of a profile window
+    (``"profiled": true``, run under the profiler) and skipped iterations (``"skipped": true``, no
+    optimizer update) are left out, with a note, as the summary's statistics leave them out.
     """
     try:
         text = jsonl.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ReportError(f"{jsonl}: cannot read it ({error})") from error
     *lines, tail = text.split("\n")  # tail: what follows the last newline, "" when the file is whole
-    rows = [_jsonl_step(jsonl, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    rows = [_jsonl_step(jsonl, number, line, run_id) for number, line in enumerate(lines, 1) if line.strip()]
     notes = []
     if tail.strip():
         try:
             json.loads(tail)
-            rows.append(_jsonl_step(jsonl, len(lines) + 1, tail))  # whole, only its newline missing
+            rows.append(_jsonl_step(jsonl, len(lines) + 1, tail, run_id))  # whole, only its newline missing
         except (ValueError, RecursionError):
             notes.append(f"{jsonl}: its last line is incomplete (cut off while being written?); left out, "
                          f"{len(rows)} steps read")
+    warmup = [step for step, _, flags in rows if "warmup" in flags]
+    if warmup:
+        notes.append(f"{jsonl}: steps {warmup[0]}-{warmup[-1]} are the run's warm-up (warmup_steps); left out")
     profiled = [step for step, _, flags in rows if "profiled" in flags]
     if profiled:
         notes.append(f"{jsonl}: steps {profiled[0]}-{profiled[-1]} ran under the profiler (profile_steps); "
@@ -372,8 +377,8 @@ def read_steps_jsonl(jsonl: Path) -> tuple[list[tuple[int, float]], list[str]]:
     return [(step, time_s) for step, time_s, flags in rows if not flags], notes
 
 
-def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float, set[str]]:
-    """(step, global step time, which of "profiled" / "skipped" the line says it was)."""
+def _jsonl_step(jsonl: Path, number: int, line: str, run_id: str | None) -> tuple[int, float, set[str]]:
+    """(step, global step time, which of "warmup" / "profiled" / "skipped" the line says it was)."""
     where = f"{jsonl}: line {number}"
     try:
         row = json.loads(line)
@@ -382,8 +387,11 @@ def _jsonl_step(jsonl: Path, number: int, line: str) -> tuple[int, float, set[st
     if not isinstance(row, dict):
         raise ReportError(f"{where}: not a JSON object: {shown(line)}")
     fields = Fields(where, row)
+    if run_id is not None and row.get("run_id", run_id) != run_id:
+        raise ReportError(f"{where}: a step of run {shown(row.get('run_id'))}, not of the summary's run {shown(run_id)} "
+                          "(another run's steps.jsonl beside it?)")
     flags = set()
-    for flag in ("profiled", "skipped"):
+    for flag in ("warmup", "profiled", "skipped"):
         value = row.get(flag, False)
         if not isinstance(value, bool):
             raise fields.error(flag, value, "it must be true or false")
