@@ -274,8 +274,8 @@ def test_settings_of_the_wrong_type_or_impossible_value_fail_naming_the_setting(
         ThroughputCallback(**settings)
 
 
-def test_an_output_dir_under_home_is_the_home_s_and_a_blank_or_garbled_one_is_refused(tmp_path, quiet_trainer_kwargs,
-                                                                                      monkeypatch):
+def test_an_output_dir_under_home_is_the_home_s_and_a_blank_one_is_refused(tmp_path, quiet_trainer_kwargs,
+                                                                            monkeypatch):
     """Hydra and Kubernetes pass `~/runs` on as typed: it is the home's, not a `./~` beside the job."""
     import pytorch_lightning as pl
 
@@ -290,10 +290,8 @@ def test_an_output_dir_under_home_is_the_home_s_and_a_blank_or_garbled_one_is_re
     assert not (tmp_path / "~").exists()
     assert requested_output_dir(None, "~/from-env") == str(tmp_path / "home" / "from-env")
     assert requested_output_dir("", None) is None  # neither given: the adapter's default
-    variable_name = "NEMO_THROUGHPUT_OUTPUT_DIR"
-    for setting, variable, name in (("  ", None, "output_dir"), ("runs\n2", None, "output_dir"),
-                                    (None, "\t", variable_name), (None, "a\x1b[2Jb", variable_name)):
-        with pytest.raises(ValueError, match=f"{name} .* is blank or holds control characters"):
+    for setting, variable, name in (("  ", None, "output_dir"), (None, "\t\n", "NEMO_THROUGHPUT_OUTPUT_DIR")):
+        with pytest.raises(ValueError, match=f"{name} .* is blank: give a directory path"):
             requested_output_dir(setting, variable)
 
 
