@@ -58,6 +58,15 @@ def batch_layout(batch: Any) -> str | None:
     return None
 
 
+def _token_rows(batch: Any) -> tuple[int, ...] | None:
+    """The shape of a fixed-length batch's token rows: its token key's, the tensor's, or the first item's."""
+    if isinstance(batch, (dict, Mapping)):
+        return next((shape_of(batch[key]) for key in TOKEN_KEYS if key in batch), None)
+    if isinstance(batch, (list, tuple)):
+        return shape_of(batch[0])
+    return shape_of(batch)
+
+
 Count = int | torch.Tensor  # a Python int, or a scalar tensor on the batch's device
 
 
@@ -166,12 +175,29 @@ class BatchCounting:
         self._layout = layout = batch_layout(batch)
         if layout == FIXED and type(batch) is torch.Tensor:
             self._plain_tensor = torch.Tensor
+        if layout == FIXED and self._rank == 0:
+            self._check_shape(_token_rows(batch))
         if layout is not None:
             self._learned.batch_layout = layout
             self._counter = TokenCounter()
         elif self._facts.batch_layout in (PACKED, PADDED) and self._counter is None:
             self.not_counted(f"the {self._facts.batch_layout} layout comes from the data config, and the framework "
                              "hands the training hooks no batch to count")
+
+    def _check_shape(self, shape: tuple[int, ...] | None) -> None:
+        """The first fixed-length batch's token rows against the run's seq_length and micro-batch: a
+        setting the batches contradict would scale every rate. Rows may hold the next token as well."""
+        if shape is None or len(shape) != 2:
+            return
+        rows, length = shape
+        seq_length, micro = self._facts.seq_length, self._facts.micro_batch_size
+        wrong = [f"seq_length is {seq_length}"] if length not in (seq_length, seq_length + 1) else []
+        wrong += [f"micro_batch_size is {micro}"] if micro not in (None, rows) else []
+        if wrong:
+            log.warning("nemo-throughput: the first training batch holds %d row(s) of %d tokens, but the run's %s: "
+                        "tokens/s, TFLOPS and MFU are computed from the settings. Correct them if this batch is what "
+                        "a micro-batch trains (callbacks.throughput.seq_length=... and micro_batch_size=... with "
+                        "Hydra).", rows, length, " and its ".join(wrong))
 
     def add_batch(self, batch: Any) -> None:
         """A micro-batch of the step in progress: its layout checked against the first one's (on the
