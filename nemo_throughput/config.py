@@ -31,7 +31,8 @@ class ThroughputConfig:
     log_every_n_steps: int = 10
     """Steps between cross-rank exchanges, log lines, logger metrics and summary writes."""
     warmup_steps: int = 10
-    """First steps of the run left out of the statistics (allocator, NCCL and kernel warm-up)."""
+    """First steps of the run left out of the statistics (allocator, NCCL and kernel warm-up). Where
+    they are all the run trains, a warning at train start says that nothing will be measured."""
     output_dir: str | None = None
     """Where `summary.json` (and `steps.jsonl`) go. Default: `$NEMO_THROUGHPUT_OUTPUT_DIR`, else
     `<trainer.log_dir>/throughput`. If another run already wrote there, `<output_dir>/<run_name>/`.
@@ -235,6 +236,15 @@ def check_profile_window(profile_steps: tuple[int, int] | None, warmup_steps: in
     if max_steps is not None and last > max_steps:
         raise ValueError(f"profile_steps [{first}, {last}] ends after the run's last step {max_steps}: choose a "
                          f"window inside steps {measured_from}-{max_steps}")
+
+
+def all_warmup(warmup_steps: int, start_step: int, max_steps: int | None) -> str | None:
+    """What to say where every step of this run is warm-up (its summary's figures would all be null)."""
+    if max_steps is None or start_step + warmup_steps < max_steps:
+        return None
+    return (f"nemo-throughput: steps {start_step + 1}-{max_steps} are all warm-up (warmup_steps {warmup_steps}): this "
+            "run measures no step, and every figure of its summary will be null. Lower warmup_steps or train more "
+            "steps.")
 
 
 def _checked_ranks(value: Any) -> tuple[int, ...]:

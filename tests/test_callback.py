@@ -554,6 +554,18 @@ def test_a_profile_window_outside_the_measured_run_is_refused_before_training(tm
         fit_demo(tmp_path, quiet_trainer_kwargs, steps=12, warmup_steps=2, profile_steps=window)
 
 
+@pytest.mark.parametrize("steps, warned", [(4, True), (5, False)])
+def test_a_run_whose_every_step_is_warm_up_is_said_at_train_start(tmp_path, quiet_trainer_kwargs, caplog, steps,
+                                                                    warned):
+    with caplog.at_level("WARNING", logger="nemo_throughput"):
+        _, summary = fit_demo(tmp_path, quiet_trainer_kwargs, steps=steps, warmup_steps=4)
+    said = [r.getMessage() for r in caplog.records if "are all warm-up" in r.getMessage()]
+    assert said == (["nemo-throughput: steps 1-4 are all warm-up (warmup_steps 4): this run measures no step, and "
+                     "every figure of its summary will be null. Lower warmup_steps or train more steps."]
+                    if warned else [])
+    assert (summary["timing"]["steps_measured"] == 0) is warned
+
+
 def test_a_window_the_run_cannot_hold_is_one_line_at_train_start_from_hydra(tmp_path, quiet_trainer_kwargs):
     """Refused at train start, where the last step is known, as a setting refused at set-up is: from
     `+callbacks=throughput`, one line (SystemExit through Lightning's handler), not a traceback."""
