@@ -84,7 +84,8 @@ class ThroughputConfig:
     """`torch`: compute / communication / exposed communication / idle from `torch.profiler`; `nsys`:
     `cudaProfilerStart/Stop` and NVTX ranges for `nsys --capture-range=cudaProfilerApi`."""
     profile_trace_ranks: tuple[int, ...] | None = None
-    """Ranks that also write a chrome trace of the profile window (`traces/rank<N>.json` beside the summary)."""
+    """Ranks that also write a chrome trace of the profile window (`traces/rank<N>.json` beside the summary);
+    a rank the run does not have is said at train start."""
     probe: bool = False
     """Run the fabric probe (collectives' busbw, matmul TFLOP/s per rank) before training."""
     target: Mapping[str, Any] | None = None
@@ -238,13 +239,20 @@ def check_profile_window(profile_steps: tuple[int, int] | None, warmup_steps: in
                          f"window inside steps {measured_from}-{max_steps}")
 
 
-def all_warmup(warmup_steps: int, start_step: int, max_steps: int | None) -> str | None:
-    """What to say where every step of this run is warm-up (its summary's figures would all be null)."""
-    if max_steps is None or start_step + warmup_steps < max_steps:
-        return None
-    return (f"nemo-throughput: steps {start_step + 1}-{max_steps} are all warm-up (warmup_steps {warmup_steps}): this "
-            "run measures no step, and every figure of its summary will be null. Lower warmup_steps or train more "
-            "steps.")
+def settings_without_effect(config: ThroughputConfig, start_step: int, max_steps: int | None,
+                            world_size: int) -> list[str]:
+    """What to say at train start of settings this run cannot honour: every step warm-up (the summary's
+    figures would all be null), trace ranks the run does not have (no trace would be written)."""
+    said = []
+    if max_steps is not None and start_step + config.warmup_steps >= max_steps:
+        said.append(f"nemo-throughput: steps {start_step + 1}-{max_steps} are all warm-up (warmup_steps "
+                    f"{config.warmup_steps}): this run measures no step, and every figure of its summary will be "
+                    "null. Lower warmup_steps or train more steps.")
+    absent = [rank for rank in config.profile_trace_ranks or () if rank >= world_size]
+    if config.profile_steps is not None and absent:
+        said.append(f"nemo-throughput: profile_trace_ranks names rank(s) {absent} of a run of {world_size}: they "
+                    "write no trace")
+    return said
 
 
 def _checked_ranks(value: Any) -> tuple[int, ...]:

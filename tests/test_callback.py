@@ -566,6 +566,14 @@ def test_a_run_whose_every_step_is_warm_up_is_said_at_train_start(tmp_path, quie
     assert (summary["timing"]["steps_measured"] == 0) is warned
 
 
+def test_trace_ranks_a_run_does_not_have_are_said_at_train_start(tmp_path, quiet_trainer_kwargs, caplog):
+    with caplog.at_level("WARNING", logger="nemo_throughput"):
+        fit_demo(tmp_path, quiet_trainer_kwargs, steps=6, warmup_steps=2, profile_steps=[4, 5],
+                 profile_trace_ranks=[0, 5])
+    assert [r.getMessage() for r in caplog.records if "profile_trace_ranks" in r.getMessage()] == [
+        "nemo-throughput: profile_trace_ranks names rank(s) [5] of a run of 1: they write no trace"]
+
+
 def test_a_window_the_run_cannot_hold_is_one_line_at_train_start_from_hydra(tmp_path, quiet_trainer_kwargs):
     """Refused at train start, where the last step is known, as a setting refused at set-up is: from
     `+callbacks=throughput`, one line (SystemExit through Lightning's handler), not a traceback."""

@@ -28,7 +28,7 @@ import torch
 from nemo_throughput import distributed
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered
 from nemo_throughput.batches import BatchCounting, Count
-from nemo_throughput.config import ThroughputConfig, all_warmup, check_profile_window
+from nemo_throughput.config import ThroughputConfig, check_profile_window, settings_without_effect
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger
@@ -128,8 +128,9 @@ class Measurement:
         if self._facts is None:
             return
         check_profile_window(self.config.profile_steps, self.config.warmup_steps, steps_done, max_steps)
-        if self.rank == 0 and (unmeasured := all_warmup(self.config.warmup_steps, steps_done, max_steps)):
-            log.warning(unmeasured)
+        for said in settings_without_effect(self.config, steps_done, max_steps, world_size):
+            if self.rank == 0:
+                log.warning(said)
         self._last_step, self._in_flight = steps_done, None
         self.stats = RunStats(world_size, self.config.warmup_steps, start_step=steps_done,
                               excluded=self.config.profile_steps)
