@@ -239,10 +239,12 @@ def check_profile_window(profile_steps: tuple[int, int] | None, warmup_steps: in
                          f"window inside steps {measured_from}-{max_steps}")
 
 
-def settings_without_effect(config: ThroughputConfig, start_step: int, max_steps: int | None,
-                            world_size: int) -> list[str]:
-    """What to say at train start of settings this run cannot honour: every step warm-up (the summary's
-    figures would all be null), trace ranks the run does not have (no trace would be written)."""
+def check_at_train_start(config: ThroughputConfig, start_step: int, max_steps: int | None,
+                         world_size: int) -> list[str]:
+    """The settings against the run's length and size, once known: a profile window outside it is
+    refused (:func:`check_profile_window`); returned, what to say of settings it cannot honour: every
+    step warm-up (the summary's figures would all be null), trace ranks it does not have (no trace)."""
+    check_profile_window(config.profile_steps, config.warmup_steps, start_step, max_steps)
     said = []
     if max_steps is not None and start_step + config.warmup_steps >= max_steps:
         said.append(f"nemo-throughput: steps {start_step + 1}-{max_steps} are all warm-up (warmup_steps "

@@ -388,8 +388,8 @@ def _jsonl_step(jsonl: Path, number: int, line: str, run_id: str | None) -> tupl
         raise ReportError(f"{where}: not a JSON object: {shown(line)}")
     fields = Fields(where, row)
     if run_id is not None and row.get("run_id", run_id) != run_id:
-        raise ReportError(f"{where}: a step of run {shown(row.get('run_id'))}, not of the summary's run {shown(run_id)} "
-                          "(another run's steps.jsonl beside it?)")
+        raise ReportError(f"{where}: a step of run {shown(row.get('run_id'))}, not of the summary's run "
+                          f"{shown(run_id)} (another run's steps.jsonl beside it?)")
     flags = set()
     for flag in ("warmup", "profiled", "skipped"):
         value = row.get(flag, False)

@@ -28,7 +28,7 @@ import torch
 from nemo_throughput import distributed
 from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered
 from nemo_throughput.batches import BatchCounting, Count
-from nemo_throughput.config import ThroughputConfig, check_profile_window, settings_without_effect
+from nemo_throughput.config import ThroughputConfig, check_at_train_start
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED
 from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger
@@ -127,10 +127,9 @@ class Measurement:
         """``max_steps``: the step training ends at (None: unknown or unlimited)."""
         if self._facts is None:
             return
-        check_profile_window(self.config.profile_steps, self.config.warmup_steps, steps_done, max_steps)
-        for said in settings_without_effect(self.config, steps_done, max_steps, world_size):
-            if self.rank == 0:
-                log.warning(said)
+        said = check_at_train_start(self.config, steps_done, max_steps, world_size)
+        for warning in said if self.rank == 0 else []:
+            log.warning(warning)
         self._last_step, self._in_flight = steps_done, None
         self.stats = RunStats(world_size, self.config.warmup_steps, start_step=steps_done,
                               excluded=self.config.profile_steps)
