@@ -166,6 +166,11 @@ def launcher_env(env: Mapping[str, str]) -> dict[str, str] | None:
     # sees SLURM_NTASKS, and taking it for the world size would wait forever for ranks that never start.
     if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
         return None
+    procid, tasks = whole_number(env["SLURM_PROCID"]), whole_number(env["SLURM_STEP_NUM_TASKS"])
+    if procid is None or tasks is None or not 0 <= procid < tasks:  # else the rendezvous waits for ranks that never come
+        raise ValueError(f"SLURM_PROCID={env['SLURM_PROCID']!r} and SLURM_STEP_NUM_TASKS="
+                         f"{env['SLURM_STEP_NUM_TASKS']!r} must be whole numbers, the rank below the number of tasks: "
+                         "run under srun, which sets them, or unset them")
     return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
             "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "MASTER_ADDR": _slurm_master_addr(env),
             "MASTER_PORT": env.get("MASTER_PORT") or _slurm_master_port(env)}

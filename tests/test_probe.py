@@ -292,6 +292,15 @@ def test_srun_variables_give_rank_world_size_and_the_first_node_of_the_step():
     assert launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "16", "SLURM_JOB_NODELIST": "gpu[07-08]"}) is None
 
 
+@pytest.mark.parametrize("procid, tasks", [("5", "2"), ("2", "2"), ("0", "abc"), ("-1", "2"), ("0", "0"), ("²", "4")])
+def test_srun_variables_that_no_srun_step_has_are_refused_before_any_rendezvous(procid, tasks):
+    """SLURM_PROCID=5 of SLURM_STEP_NUM_TASKS=2 waited the whole rendezvous timeout for ranks that never come."""
+    with pytest.raises(ValueError, match=f"SLURM_PROCID='{procid}' and SLURM_STEP_NUM_TASKS='{tasks}' must be whole "
+                                         "numbers, the rank below the number of tasks"):
+        launcher_env({"SLURM_PROCID": procid, "SLURM_STEP_NUM_TASKS": tasks, "SLURM_JOB_ID": "1",
+                      "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu07"})
+
+
 def test_first_host_of_a_slurm_nodelist():
     assert first_host("gpu[07-09,12],login1") == "gpu07"
     assert first_host("rack[1-2]-n[03-04]") == "rack1-n03"
