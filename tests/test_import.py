@@ -674,7 +674,7 @@ def test_tensorboard_events_state_the_batch_through_nemo_s_global_batch_size_sca
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(tmp_path / "tb" / "version_0")
-    for step in range(30):  # NeMo logs both at every step (its data sampler the batch, with self.log)
+    for step in range(30):  # NeMo 2 logs both at every step (its data sampler the batch)
         writer.add_scalar("global_batch_size", 64.0, step)
         writer.add_scalar("train_step_timing in s", 2.0, step)
     writer.close()

@@ -1,5 +1,5 @@
 """TensorBoard event files of NeMo runs: the ``train_step_timing in s`` scalar, and the
-``global_batch_size`` one NeMo logs at every step (1.x and 2).
+``global_batch_size`` one NeMo logs (NeMo 2 at every step, NeMo 1.x during a batch-size ramp).
 
 An event file is a sequence of TFRecords: uint64 length, uint32 masked CRC-32C of the length,
 the data, uint32 masked CRC-32C of the data (little-endian). Every header's checksum is
