@@ -183,6 +183,12 @@ def test_a_missing_input_path_is_excluded_and_the_rest_reported(tmp_path, capsys
     good_run(tmp_path, "a")
     code, out, err = report(tmp_path / "a", tmp_path / "typo", capsys=capsys)
     assert code == 1 and "slurm" in out and f"excluded: {tmp_path}/typo: no such file or directory" in err
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # a link that leads nowhere says so, not that it is absent
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    code, out, err = report(tmp_path / "a", tmp_path / "loop", tmp_path / "dangling", capsys=capsys)
+    assert code == 1 and "slurm" in out
+    for name in ("loop", "dangling"):
+        assert f"excluded: {tmp_path}/{name}: a link to nothing, or a loop of links" in err
 
 
 def test_a_summary_given_twice_counts_once(tmp_path, capsys):

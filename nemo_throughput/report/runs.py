@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -439,7 +440,8 @@ def find_summaries(paths: list[str]) -> tuple[list[Path], list[ReportError]]:
         elif path.exists():
             candidates = [path]
         else:
-            problems.append(ReportError(f"{given}: no such file or directory"))
+            what = "a link to nothing, or a loop of links" if os.path.lexists(path) else "no such file or directory"
+            problems.append(ReportError(f"{given}: {what}"))
             candidates = []
         for candidate in candidates:
             found.setdefault(candidate.resolve(), candidate)
