@@ -2,6 +2,7 @@
 H200 (tests/data/profiler, origin in its ORIGIN.md), and real torch.profiler windows over a single process
 and over a 2-rank gloo DDP loop with a slow rank."""
 
+import gc
 import gzip
 import json
 import logging
@@ -333,6 +334,10 @@ def _ddp_worker(rank, port, out_dir):
         window.step_end(step)
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump({"result": window.result(), "profiling": profiling}, f)
+    # DDP's reducer holds gloo work and tensors: freed now, not at interpreter exit, where freeing a
+    # tensor retakes the GIL and aborts the process ("terminate called without an active exception")
+    del model, optimizer, window
+    gc.collect()
     dist.destroy_process_group()
 
 
