@@ -28,6 +28,7 @@ from nemo_throughput.text import package_logger
 log = package_logger(__name__)
 
 _INSTALLED: weakref.WeakSet[SigtermWatch] = weakref.WeakSet()
+STOP_WAIT_S = 2.0  # for the watch thread to end at uninstall (longer only while it writes on SIGTERM)
 
 
 def _forget_in_child() -> None:
@@ -95,6 +96,7 @@ class SigtermWatch:
         _INSTALLED.discard(self)
         self._stopping = True
         self._wake(0)
+        self._thread.join(timeout=STOP_WAIT_S)  # ended before uninstall returns, not at interpreter exit
 
     def forget(self) -> None:
         """In a forked child: the parent's watch wakes nothing (its handler still hands the signal on)."""
