@@ -185,19 +185,28 @@ class BatchCounting:
                              "hands the training hooks no batch to count")
 
     def _check_shape(self, shape: tuple[int, ...] | None) -> None:
-        """The first fixed-length batch's token rows against the run's seq_length and micro-batch: a
-        setting the batches contradict would scale every rate. Rows may hold the next token as well."""
+        """The first fixed-length batch's token rows against the run's seq_length and micro-batch (or,
+        where no micro_batch_size is known, its global batch): a setting the batches contradict would
+        scale every rate. Rows may hold the next token as well."""
         if shape is None or len(shape) != 2:
             return
         rows, length = shape
-        seq_length, micro = self._facts.seq_length, self._facts.micro_batch_size
-        wrong = [f"seq_length is {seq_length}"] if length not in (seq_length, seq_length + 1) else []
-        wrong += [f"micro_batch_size is {micro}"] if micro not in (None, rows) else []
+        facts = self._facts
+        wrong = [f"seq_length is {facts.seq_length}"] if length not in (facts.seq_length, facts.seq_length + 1) else []
+        if facts.micro_batch_size is not None:
+            wrong += [f"micro_batch_size is {facts.micro_batch_size}"] if facts.micro_batch_size != rows else []
+        elif facts.batches_per_step is not None:
+            data_parallel = facts.parallel.get("data", 1)
+            trained = rows * facts.batches_per_step * data_parallel
+            if trained != facts.global_batch_size:
+                wrong.append(f"global_batch_size is {facts.global_batch_size}, where {rows} row(s) x "
+                             f"{facts.batches_per_step} micro-batch(es) per step x {data_parallel} data-parallel "
+                             f"rank(s) train {trained}")
         if wrong:
             log.warning("nemo-throughput: the first training batch holds %d row(s) of %d tokens, but the run's %s: "
                         "tokens/s, TFLOPS and MFU are computed from the settings. Correct them if this batch is what "
-                        "a micro-batch trains (callbacks.throughput.seq_length=... and micro_batch_size=... with "
-                        "Hydra).", rows, length, " and its ".join(wrong))
+                        "a micro-batch trains (callbacks.throughput.seq_length=..., micro_batch_size=... and "
+                        "global_batch_size=... with Hydra).", rows, length, " and its ".join(wrong))
 
     def add_batch(self, batch: Any) -> None:
         """A micro-batch of the step in progress: its layout checked against the first one's (on the

@@ -72,6 +72,9 @@ class RunFacts:
     # flops_formula "measured": this rank's counts of the counted step (MeasuredFlops.to_dict())
     measured_flops: dict[str, Any] | None = None
     rate: str = "tokens"  # the primary rate: a key of throughput.RATES
+    # micro-batches per optimizer step on one rank, as the trainer accumulates them (Lightning's
+    # accumulate_grad_batches; Megatron accumulates within a step and says 1); None: not known
+    batches_per_step: int | None = None
 
     def __post_init__(self) -> None:
         """Impossible values are refused here, naming them, whoever builds the facts (callback, import)."""
@@ -201,6 +204,7 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
         places=environment.places(rank_records),
         settings=config.to_dict(),
         started_at=started.isoformat(timespec="seconds"),
+        batches_per_step=batches_per_step,
     )
 
 

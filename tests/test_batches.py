@@ -519,3 +519,22 @@ def test_one_ranks_bad_micro_batch_makes_the_run_count_the_config(tmp_path, bad,
     assert summary["throughput"]["tokens_per_s"] == pytest.approx(2 * 16 / step_s, rel=1e-12)
     assert output.count("padding included") == 1 and ("rank 1: cu_seqlens_unpadded is list" in output) == \
         (bad == "unreadable")
+
+
+@pytest.mark.parametrize("global_batch_size, warned", [(16, False), (8, True), (32, True)])
+def test_a_global_batch_is_checked_against_the_first_batch_across_data_parallel_ranks(caplog, global_batch_size,
+                                                                                       warned):
+    """No micro_batch_size known: 2 rows x 2 accumulated micro-batches x 4 data-parallel ranks train 16."""
+    from nemo_throughput.batches import BatchCounting
+    from nemo_throughput.run_facts import Learned, RunFacts
+
+    facts = RunFacts(name="run", label="", global_batch_size=global_batch_size, micro_batch_size=None, seq_length=8,
+                     model_name="tiny", model_spec=None, flops_formula=None, flops_per_sample=None, gpu_name="cpu",
+                     num_gpus=8, num_nodes=1, dtype=None, peak_tflops=None, peak_source=None,
+                     parallel={"data": 4, "tensor": 2}, batches_per_step=2)
+    with caplog.at_level("WARNING", logger="nemo_throughput"):
+        BatchCounting(facts, Learned(), rank=0).seen(torch.zeros(2, 9, dtype=torch.long))
+    said = [r.getMessage() for r in caplog.records if "global_batch_size" in r.getMessage()]
+    assert bool(said) == warned
+    assert not said or f"global_batch_size is {global_batch_size}, where 2 row(s) x 2 micro-batch(es) per step x 4 " \
+                       "data-parallel rank(s) train 16" in said[0]

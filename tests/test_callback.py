@@ -295,26 +295,38 @@ def test_an_output_dir_under_home_is_the_home_s_and_a_blank_one_is_refused(tmp_p
             requested_output_dir(setting, variable)
 
 
-@pytest.mark.parametrize("settings, said", [
-    ({"seq_length": 8, "micro_batch_size": 2}, None),  # rows of 9: 8 tokens and the next one
-    ({"seq_length": 9, "micro_batch_size": 2}, None),
-    ({"seq_length": 32, "micro_batch_size": 2}, "holds 2 row(s) of 9 tokens, but the run's seq_length is 32:"),
-    ({"seq_length": 8, "micro_batch_size": 4}, "holds 2 row(s) of 9 tokens, but the run's micro_batch_size is 4:"),
-    ({"seq_length": 4, "micro_batch_size": 1}, "holds 2 row(s) of 9 tokens, but the run's seq_length is 4 and its "
-                                               "micro_batch_size is 1:"),
+@pytest.mark.parametrize("settings, accumulate, said", [
+    ({"seq_length": 8, "micro_batch_size": 2}, 1, None),  # rows of 9: 8 tokens and the next one
+    ({"seq_length": 9, "micro_batch_size": 2}, 1, None),
+    ({"seq_length": 32, "micro_batch_size": 2}, 1, "holds 2 row(s) of 9 tokens, but the run's seq_length is 32:"),
+    ({"seq_length": 8, "micro_batch_size": 4}, 1, "holds 2 row(s) of 9 tokens, but the run's micro_batch_size is 4:"),
+    ({"seq_length": 4, "micro_batch_size": 1}, 1, "holds 2 row(s) of 9 tokens, but the run's seq_length is 4 and its "
+                                                  "micro_batch_size is 1:"),
+    # No micro_batch_size: the global batch against the rows, the trainer's accumulation and data parallelism.
+    ({"seq_length": 8, "global_batch_size": 2}, 1, None),
+    ({"seq_length": 8, "global_batch_size": 6}, 3, None),
+    ({"seq_length": 8, "global_batch_size": 64}, 1, "holds 2 row(s) of 9 tokens, but the run's global_batch_size is "
+                                                    "64, where 2 row(s) x 1 micro-batch(es) per step x 1 "
+                                                    "data-parallel rank(s) train 2:"),
+    ({"seq_length": 8, "global_batch_size": 2}, 2, "holds 2 row(s) of 9 tokens, but the run's global_batch_size is "
+                                                   "2, where 2 row(s) x 2 micro-batch(es) per step x 1 "
+                                                   "data-parallel rank(s) train 4:"),
 ])
-def test_settings_the_first_batch_contradicts_are_said(tmp_path, quiet_trainer_kwargs, caplog, settings, said):
-    """seq_length=32 over rows of 9 tokens would quadruple tokens/s without a word."""
+def test_settings_the_first_batch_contradicts_are_said(tmp_path, quiet_trainer_kwargs, caplog, settings, accumulate,
+                                                       said):
+    """seq_length=32 over rows of 9 tokens would quadruple tokens/s without a word; so would a
+    global_batch_size of 64 over steps of one micro-batch of 2 rows."""
     pl, module = tiny_lm()
     callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=2, warmup_steps=1,
                                   model_name="tiny", flops_per_sample=1e6, **settings)
     with caplog.at_level("WARNING", logger="nemo_throughput"):
-        pl.Trainer(max_steps=3, callbacks=[callback], logger=False, **quiet_trainer_kwargs).fit(module)
+        pl.Trainer(max_steps=3, callbacks=[callback], logger=False, accumulate_grad_batches=accumulate,
+                   **quiet_trainer_kwargs).fit(module)
     warned = [r.getMessage() for r in caplog.records if "the first training batch" in r.getMessage()]
     assert warned == ([] if said is None else [f"nemo-throughput: the first training batch {said} tokens/s, TFLOPS "
                                                "and MFU are computed from the settings. Correct them if this batch is "
-                                               "what a micro-batch trains (callbacks.throughput.seq_length=... and "
-                                               "micro_batch_size=... with Hydra)."])
+                                               "what a micro-batch trains (callbacks.throughput.seq_length=..., "
+                                               "micro_batch_size=... and global_batch_size=... with Hydra)."])
 
 
 def test_numbers_may_be_given_as_int_or_float_and_paths_as_pathlike(tmp_path):
