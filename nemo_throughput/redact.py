@@ -3,7 +3,8 @@
 A value is redacted when its key looks like a key, token, password or secret (``wandb_api_key``,
 ``HF_TOKEN``, ``--password``, ``apiKey``), in Hydra overrides (``+exp_manager.wandb_api_key=...``,
 ``{api_key:...}`` inside a dict value), ``--key=value`` and ``--key value`` options, environment
-variables, and the credentials of URLs (``https://user:pass@host``). Redacting a harmless value
+variables, and the credentials of URLs (``https://user:pass@host``), with or without a scheme
+(``user:pass@registry/image:tag``, an image reference written with its login). Redacting a harmless value
 (a ``sort_key``) is the price of never leaking a real one. Torch-free: importers use it too.
 """
 
@@ -20,6 +21,9 @@ _SECRET_WORDS = frozenset({"key", "apikey", "accesskey", "secretkey", "token", "
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s]+)@")
+# user:password@host with no scheme, at a word's start or after = , or whitespace (no / before the @);
+# not an image's name:tag@sha256:... digest
+_BARE_CREDENTIALS = re.compile(r"(?P<head>^|[=,\s])(?P<userinfo>[^/@\s:=,]+:[^/@\s]+)@(?=[^/@\s])(?!sha(256|384|512):)")
 _ASSIGNMENT = re.compile(r"^(?P<key>[+~]*-{0,2}[\w.\-/]+)=(?P<value>.*)$", re.DOTALL)
 # key: value pairs inside a Hydra dict value, {api_key: abc, project: p}
 _DICT_ENTRY = re.compile(r"(?P<head>[{,]\s*)(?P<key>[\w.\-]+)(?P<sep>\s*:\s*)(?P<value>'[^']*'|\"[^\"]*\"|[^,{}]*)")
@@ -32,8 +36,11 @@ def looks_secret(key: str) -> bool:
 
 
 def redact_url_credentials(text: str) -> str:
-    """``https://user:pass@host/x`` -> ``https://<redacted>@host/x`` (a user name alone may be a token)."""
-    return _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
+    """``https://user:pass@host/x`` -> ``https://<redacted>@host/x`` (a user name alone may be a token);
+    ``user:pass@host/x`` -> ``<redacted>@host/x`` (without a scheme, only a user with a password: a
+    bare ``name@host`` is an address, or enroot's user before a registry)."""
+    text = _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
+    return _BARE_CREDENTIALS.sub(lambda match: f"{match['head']}{REDACTED}@", text)
 
 
 def redact_argument(argument: str) -> str:

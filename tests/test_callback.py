@@ -504,6 +504,11 @@ def test_the_nemo_run_factory_names_a_wrong_setting_before_anything_is_submitted
     ("exp_manager.wandb_logger_kwargs={project:p,api_key:k1,auth:{password:'p w'}}",
      "exp_manager.wandb_logger_kwargs={project:p,api_key:<redacted>,auth:{password:<redacted>}}"),
     ("model.data.data_prefix=https://user:pa55@host/data", "model.data.data_prefix=https://<redacted>@host/data"),
+    ("--container-image=user:pa55@nvcr.io/nvidia/nemo:24.05", "--container-image=<redacted>@nvcr.io/nvidia/nemo:24.05"),
+    # an image's digest, enroot's user before its registry, an address: no password in them
+    ("--container-image=nemo:24.05@sha256:0f1e", "--container-image=nemo:24.05@sha256:0f1e"),
+    ("--container-image=$oauthtoken@nvcr.io#nvidia/nemo", "--container-image=$oauthtoken@nvcr.io#nvidia/nemo"),
+    ("--mail-user=me@example.com", "--mail-user=me@example.com"),
     ("model.tokenizer.library=megatron", "model.tokenizer.library=megatron"),  # a tokenizer is no token
     ("model.data.num_tokens=5", "model.data.num_tokens=5"),
 ])
@@ -511,6 +516,13 @@ def test_secret_values_are_redacted_from_the_recorded_command(argument, recorded
     from nemo_throughput.redact import redact_command
 
     assert redact_command(["train.py", argument]) == f"train.py {recorded}"
+
+
+def test_a_container_image_written_with_its_login_is_recorded_without_it(monkeypatch):
+    from nemo_throughput import environment
+
+    monkeypatch.setenv(environment.ENV_IMAGE, "robot:tok3n@registry.example.com:5000/team/nemo:25.02")
+    assert environment.capture()["container_image"] == "<redacted>@registry.example.com:5000/team/nemo:25.02"
 
 
 def test_an_option_naming_a_secret_redacts_its_value_but_not_the_next_option():
