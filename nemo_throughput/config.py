@@ -18,6 +18,9 @@ from nemo_throughput.values import is_int, is_number
 LARGEST_BATCH_OR_LENGTH = 2**24  # sequences per step, or tokens per sequence
 LARGEST_PEAK_TFLOPS = 1e5  # per GPU: ten times the largest dense peak sold (FP4)
 LARGEST_FLOPS_PER_SAMPLE = 1e21  # a 10-trillion-parameter model on a million-token sequence is ~6e19
+# UTF-8 bytes in run_name or model_name: a run's name names its directory where output_dir holds another
+# run (a file name is at most 255 bytes; the default name adds ~25 to the model's, a repeat `-NN`)
+LONGEST_NAME_BYTES = 200
 
 
 @dataclass
@@ -38,7 +41,8 @@ class ThroughputConfig:
     `<trainer.log_dir>/throughput`. If another run already wrote there, `<output_dir>/<run_name>/`.
     A leading `~` is your home directory, in the setting and the variable alike."""
     run_name: str | None = None
-    """`run.name`. Default: `<model>_<nodes>n<gpus>g_<UTC start>`."""
+    """`run.name`. Default: `<model>_<nodes>n<gpus>g_<UTC start>`. At most 200 bytes (as is
+    `model_name`): it names the run's directory where `output_dir` holds another run."""
     run_label: str | None = None
     """`run.label`, a free label such as `bare-metal` or `kubernetes`. Default:
     `$NEMO_THROUGHPUT_RUN_LABEL`, else the orchestrator."""
@@ -113,6 +117,8 @@ class ThroughputConfig:
         for name in ("output_dir", "run_name", "run_label", "model_name", "flops_formula", "dtype", "profile_mode",
                      "rate"):
             _check_text(name, getattr(self, name))
+        for name in ("run_name", "model_name"):
+            _check_name(name, getattr(self, name))
         if self.output_dir is not None:
             self.output_dir = os.fspath(self.output_dir)
         if not is_int(self.log_every_n_steps) or self.log_every_n_steps < 1:
@@ -301,6 +307,17 @@ def checked_prometheus(value: Any) -> dict[str, Any] | None:
     if not is_number(linger_s) or not 0 <= linger_s < math.inf:
         raise ValueError(f"prometheus.linger_s must be seconds >= 0, got {linger_s!r}")
     return {"port": port, "addr": addr, "linger_s": float(linger_s)}
+
+
+def _check_name(name: str, value: str | None) -> None:
+    """A name that can name a directory: refused at once, not on the second run into an output_dir."""
+    if value is None:
+        return
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > LONGEST_NAME_BYTES or "\0" in value:
+        what = f"is {size} bytes long" if size > LONGEST_NAME_BYTES else "holds a NUL character"
+        raise ValueError(f"{name} {what}; it must be at most {LONGEST_NAME_BYTES} bytes with no NUL, since it "
+                         "names the run's directory where output_dir already holds another run")
 
 
 def _check_text(name: str, value: Any) -> None:

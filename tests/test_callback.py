@@ -268,10 +268,28 @@ def test_a_model_the_formulas_cannot_describe_needs_its_flops_given(tmp_path, qu
     ({"flops_per_sample": 1e308}, "flops_per_sample must be at most 1e\\+21 model FLOPs per sample, got 1e\\+308"),
     ({"global_batch_size": 10**30}, "global_batch_size must be at most 16,777,216, got 10000"),
     ({"seq_length": 2**25}, "seq_length must be at most 16,777,216, got 33554432"),
+    # a name that cannot name a directory, refused at once, not on the second run into an output_dir
+    ({"run_name": "r" * 300}, "run_name is 300 bytes long; it must be at most 200 bytes with no NUL"),
+    ({"model_name": "\u00e9" * 101}, "model_name is 202 bytes long"),
+    ({"run_name": "a\0b"}, "run_name holds a NUL character"),
 ])
 def test_settings_of_the_wrong_type_or_impossible_value_fail_naming_the_setting(settings, message):
     with pytest.raises(ValueError, match=message):
         ThroughputCallback(**settings)
+
+
+def test_the_longest_run_name_names_the_directories_of_repeated_runs(tmp_path):
+    """A name of the longest length allowed, with characters of several bytes: the second and third
+    runs into one output_dir write to <name>/ and <name>-2/."""
+    from nemo_throughput.config import LONGEST_NAME_BYTES
+    from nemo_throughput.summary import claim_output_dir
+
+    name = "\u00e9" * (LONGEST_NAME_BYTES // 2)
+    ThroughputCallback(run_name=name)
+    claimed = [claim_output_dir(tmp_path, name, f"id{i}") for i in range(3)]
+    for directory in claimed:
+        (directory / "summary.json").write_text("{}")
+    assert claimed == [tmp_path, tmp_path / name, tmp_path / f"{name}-2"]
 
 
 def test_an_output_dir_under_home_is_the_home_s_and_a_blank_one_is_refused(tmp_path, quiet_trainer_kwargs,
