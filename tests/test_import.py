@@ -747,6 +747,26 @@ def test_real_primus_tokens_per_gpu_that_disagree_with_the_given_facts_are_refus
     assert code == 0, err
 
 
+@pytest.mark.parametrize("name, window", [("nemo2_qwen3_8b_timestamped.log", "0:"),
+                                          ("nemo1_dgxc_llama31_70b_last_step.out", "last"),
+                                          ("megatron_lm_mixtral_issue756.log", "0:")])
+def test_terminal_control_sequences_inside_real_step_lines_change_nothing(tmp_path, capsys, name, window):
+    """Every number coloured, as a console logger or FORCE_COLOR prints it, and tqdm's erase-line
+    sequence before each line: the same steps and times as the plain log (before: NeMo's lines
+    were not found, or a field was refused)."""
+    plain = (DATA / name).read_text()
+    coloured = tmp_path / f"coloured_{name}"
+    coloured.write_text("\n".join("\x1b[2K" + re.sub(r"\d+(?:\.\d+)?", "\x1b[1;32m\\g<0>\x1b[0m", line)
+                                  for line in plain.split("\n")))
+    runs = []
+    for log in (DATA / name, coloured):
+        code, _, err = run_import(capsys, log, "--warmup", "0", "--window", window, out=tmp_path / log.stem)
+        assert code == 0, err
+        runs.append(summary_of(tmp_path / log.stem, log.stem))
+    assert runs[1]["timing"]["steps"] == runs[0]["timing"]["steps"] and runs[0]["timing"]["steps"]
+    assert runs[1]["throughput"] == runs[0]["throughput"]
+
+
 def test_real_primus_log_with_colours_and_both_line_variants(tmp_path, capsys):
     # ROCm/cvs: iteration 2 in the single-value form, iteration 4 as `654.5/735.1` with
     # `tokens/s/GPU inst/harmonic mean:` after Primus' coloured logger prefix

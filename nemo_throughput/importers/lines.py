@@ -7,7 +7,9 @@ Cluster logs interleave what many processes print, each launcher with its own pr
 ``kubectl logs --timestamps`` and many wrappers put a timestamp first. Progress bars redraw with
 carriage returns, so one file line can hold thousands of updates. This module splits a file on
 both ``\\n`` and ``\\r``, strips those prefixes and says which rank each piece came from; the
-format readers then never see a prefix and the importer can read one rank at a time.
+format readers then never see a prefix and the importer can read one rank at a time. Terminal
+control sequences (colours from a console logger or ``FORCE_COLOR``, tqdm's cursor moves) are
+removed first: they carry no value, and may sit inside a field, between its name and its number.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ _SRUN = re.compile(r"\s*(\d+): ")
 _TORCHX = re.compile(r"[\w.-]+/(\d+) (?=\[(?:default|rank)\d+\]:)")  # NeMo-Run (TorchX): "<role>/<replica> "
 _TORCHRUN = re.compile(r"\[(?:default|rank)(\d+)\]:\s?")
 _PROCESS = re.compile(r"\([\w.-]+, pid=(\d+)(?:, ip=[\d.]+)?\)\s")
+_CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # ECMA-48 CSI: colours, cursor moves, erasing
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Line:
 
     number: int  # 1-based line (\n) number in the file
     rank: str | None  # "3" (srun or torchrun), "0/3" (srun task or TorchX replica 0, local rank 3), "pid 42"
-    text: str  # with the prefixes removed
+    text: str  # with the prefixes and terminal control sequences removed
     redraw: bool  # came after a carriage return: a progress bar drawn again on the same line
     cut: bool = False  # the file's last piece, without a line break: maybe cut while being written
 
@@ -98,6 +101,8 @@ def read_lines(path: Path) -> Iterator[Line]:
     for piece, separator in _pieces(path):
         if piece:
             text = piece.decode("utf-8", errors="replace")
+            if "\x1b" in text:
+                text = _CONTROL_SEQUENCE.sub("", text)
             own_rank, text = strip_prefixes(text)
             if not after_return or own_rank is not None:
                 rank = own_rank

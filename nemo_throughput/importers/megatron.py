@@ -47,7 +47,6 @@ _BATCH = re.compile(r"global batch size:\s*(\d+)")
 _CONSUMED = re.compile(r"consumed samples:\s*(\d+)")
 _TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean):"
                              r"\s*([\d.]+)(?=[/\s|])")  # a number without what follows it may be cut
-_TRAILING_COLOUR_OR_SPACE = re.compile(r"(?:\x1b\[[0-9;]*m|\s)+$")
 _BRIDGE_STEP_TIME = re.compile(r"Step Time : \S+s GPU utilization: \S*TFLOP/s/GPU")
 BRIDGE_STYLE = "Megatron-Bridge `Step Time :` lines"
 
@@ -58,9 +57,9 @@ def matches(text: str) -> bool:
 
 
 def is_whole(text: str) -> bool:
-    """Whether a line is complete: every field of the iteration line ends with `|` (Primus may add a
-    colour reset after it)."""
-    return _TRAILING_COLOUR_OR_SPACE.sub("", text).endswith("|")
+    """Whether a line is complete: every field of the iteration line ends with `|` (a colour reset
+    Primus adds after it is gone with the line's other control sequences, importers.lines)."""
+    return text.rstrip().endswith("|")
 
 
 def is_bridge_step_time(text: str) -> bool:
