@@ -1001,3 +1001,25 @@ def test_terminal_escapes_in_file_names_never_reach_the_console(tmp_path, capsys
     code, out, err = run_import(capsys, renamed, "--warmup", "0", out=tmp_path / "out")
     assert code == 0, err
     assert "summary.json" in out and "\x1b" not in out + err and "\x07" not in out + err
+
+
+def test_a_summary_too_large_to_read_back_is_refused_and_steps_take_a_line_each(tmp_path, capsys, monkeypatch):
+    """A long log's every [step, seconds] on one line each; a summary over what report and compare
+    read is refused before anything is written (here at a limit made small)."""
+    from nemo_throughput.importers import command
+
+    log = tmp_path / "long.log"
+    log.write_text("".join(f" iteration {step:8d}/    2000 | consumed samples: {128 * step:12d} | elapsed time per "
+                           "iteration (ms): 1500.0 | global batch size:   128 |\n" for step in range(1, 2001)))
+    code, _, err = run_import(capsys, log, out=tmp_path / "out")
+    assert code == 0, err
+    text = (tmp_path / "out" / "long" / "summary.json").read_text()
+    assert "\n      [2000, 1.5]" in text and len(text) < 40 * 2000  # about 17 bytes a step, not 47
+    assert load_run(tmp_path / "out" / "long" / "summary.json").steps_counted == 2000 - 10  # --warmup 10
+
+    monkeypatch.setattr(command, "MAX_SUMMARY_BYTES", len(text.encode()) - 1)
+    code, _, err = run_import(capsys, log, out=tmp_path / "refused")
+    assert code == 2 and not (tmp_path / "refused" / "long").exists()
+    assert error_line(err, "long.log").endswith(
+        "long.log: its summary, with every one of its 2,000 steps, would be 0 MiB, over the 0 MiB a summary is read "
+        "from (import part of it with --window)")

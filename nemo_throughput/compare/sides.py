@@ -20,11 +20,10 @@ from nemo_throughput.compare.stats import BATCHES_NEEDED, MIN_BATCH_STEPS
 from nemo_throughput.errors import ReportError
 from nemo_throughput.report.fields import is_count, is_positive_finite, shown
 from nemo_throughput.report.runs import IncompleteRun, Run, find_summaries, load_run, read_steps_jsonl
-from nemo_throughput.summary import STEPS_FILE, read_summary
+from nemo_throughput.summary import MAX_SUMMARY_BYTES, STEPS_FILE, read_summary
 from nemo_throughput.text import printable
 from nemo_throughput.window import Window
 
-MAX_SUMMARY_BYTES = 64 * 1024 ** 2  # a summary with every step of a long imported log is a few MiB
 MAX_STEPS_BYTES = 256 * 1024 ** 2  # steps.jsonl: every rank's phases per step
 MAX_RUNS = 1000  # summaries on one side: repeats, not a file system
 UNKNOWN = "unknown"

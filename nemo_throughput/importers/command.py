@@ -19,7 +19,7 @@ from nemo_throughput.importers import mlperf, notice
 from nemo_throughput.importers.logs import FORMATS, Imported, import_run
 from nemo_throughput.outputs import check_output_dir, check_output_file
 from nemo_throughput.presets import PRESETS, preset
-from nemo_throughput.summary import write_json_atomic
+from nemo_throughput.summary import MAX_SUMMARY_BYTES, json_text, write_text_atomic
 from nemo_throughput.text import printable
 from nemo_throughput.window import Window
 
@@ -74,11 +74,13 @@ def run_import(args: argparse.Namespace) -> int:
         check_output_dir(args.output_dir, "--output-dir")
         written = _import_mlperf(args, progress) if is_mlperf else _import_logs(args, progress)
         reads = [Path(summary["environment"]["imported_from"]) for _, summary, _ in written]
+        texts = []
         for path, summary, _ in written:
             check_summary_target(path, Path(summary["environment"]["imported_from"]), reads)
-        for path, summary, say in written:
+            texts.append(_summary_text(summary))
+        for (path, _, say), text in zip(written, texts, strict=True):
             progress["at"] = str(path)
-            write_json_atomic(path, summary)
+            write_text_atomic(path, text)
             say(path)
     except (ReportError, ValueError) as error:
         print(f"nemo-throughput import: {printable(error)}", file=sys.stderr)
@@ -95,6 +97,17 @@ def run_import(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     return 0
+
+
+def _summary_text(summary: dict[str, Any]) -> str:
+    """The summary as written, refused where report and compare would not read it back."""
+    text = json_text(summary)
+    if len(text.encode()) > MAX_SUMMARY_BYTES:
+        raise ReportError(f"{printable(summary['environment']['imported_from'])}: its summary, with every one of its "
+                          f"{len(summary['timing']['steps']):,} steps, would be {len(text.encode()) / 1024 ** 2:,.0f} "
+                          f"MiB, over the {MAX_SUMMARY_BYTES // 1024 ** 2} MiB a summary is read from (import part "
+                          "of it with --window)")
+    return text
 
 
 Written = list[tuple[Path, dict, Callable[[Path], None]]]  # (summary path, summary, what to print once written)
