@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import secrets
 import socket
 import stat
 import threading
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_throughput.errors import NemoThroughputError
 from nemo_throughput.flops import CAUSAL_ATTENTION, MEASURED
+from nemo_throughput.outputs import write_text_atomic
 from nemo_throughput.run_facts import RunFacts, now_iso
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID
 from nemo_throughput.text import package_logger, printable
@@ -221,39 +221,6 @@ def _json_value(value: Any, pad: str) -> str:
 def write_json_atomic(path: str | os.PathLike, obj: Any, durable: bool = True) -> None:
     """Write ``obj`` as JSON (:func:`json_text`) so that readers see the old file or the new one, never a mix."""
     write_text_atomic(path, json_text(obj), durable)
-
-
-def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True) -> None:
-    """Write ``text`` so that readers see the old file or the new one, never a mix.
-
-    Writes a temporary file in the same directory and renames it over ``path`` (atomic on POSIX
-    file systems). ``durable`` also fsyncs it before the rename, so that it survives a machine
-    crash, at the cost of a disk flush (about a millisecond). The file gets the user's umask like
-    any log (a team reads each other's runs).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temporary(path)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _create_temporary(path: Path) -> tuple[int, Path]:
-    # Not tempfile.mkstemp: it creates files 0600 whatever the umask; here the kernel applies it.
-    while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-        except FileExistsError:
-            continue
 
 
 class SummaryFile:

@@ -1,3 +1,4 @@
+import errno
 import importlib.util
 import json
 import os
@@ -101,3 +102,33 @@ def summaries_conform_to_the_schema(request):
 def quiet_trainer_kwargs(tmp_path):
     return dict(accelerator="cpu", devices=1, default_root_dir=tmp_path, enable_progress_bar=False,
                 enable_model_summary=False, enable_checkpointing=False)
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A real 64 KiB file system (tmpfs), to fill up; skipped where mounting is not allowed."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def fill_up(directory: Path) -> None:
+    """Write a filler file until the file system has no byte left."""
+    with open(directory / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError as error:
+            assert error.errno == errno.ENOSPC
+        try:
+            while True:
+                f.write(b"x")
+        except OSError as error:
+            assert error.errno == errno.ENOSPC

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import free_port, nemo_throughput_cli, read_json
+from conftest import fill_up, free_port, nemo_throughput_cli, read_json
 from nemo_throughput.launch import LaunchError
 from nemo_throughput.launch.kubernetes import (
     KubernetesJob,
@@ -431,12 +431,43 @@ def test_output_over_the_template_it_reads_is_refused(target, template, tmp_path
     assert (TEMPLATES / template).read_text() == before
 
 
-def test_an_output_that_cannot_be_written_is_one_line(tmp_path):
-    """What no check beforehand sees (a full disk: /dev/full) still ends in one line, not a traceback."""
-    result = cli("k8s", "--image", "nemo:1", "--output", "/dev/full", "--", "python", "t.py", cwd=tmp_path)
+def test_an_output_that_cannot_be_written_is_one_line(tiny_filesystem):
+    """What no check beforehand sees (a full disk) still ends in one line, not a traceback, and
+    leaves no part of the file behind."""
+    fill_up(tiny_filesystem)
+    result = cli("k8s", "--image", "nemo:1", "--output", tiny_filesystem / "job.yaml", "--", "python", "t.py",
+                 cwd=tiny_filesystem)
     assert result.returncode == 2
-    assert result.stderr == ("nemo-throughput launch k8s: --output /dev/full cannot be written: "
+    assert result.stderr == (f"nemo-throughput launch k8s: --output {tiny_filesystem}/job.yaml cannot be written: "
                              "No space left on device\n")
+    assert os.listdir(tiny_filesystem) == ["filler"]
+
+
+@pytest.mark.parametrize("target", ["slurm", "k8s"])
+def test_an_output_that_is_a_fifo_or_a_device_is_refused_at_once(target, tmp_path):
+    """A FIFO no program reads from blocked the launcher for good (its check opened it to read)."""
+    os.mkfifo(tmp_path / "job.out")
+    extra = ["--image", "nemo:1"] if target == "k8s" else []
+    for output in (tmp_path / "job.out", "/dev/null"):
+        result = nemo_throughput_cli("launch", target, *extra, "--output", output, "--", "python", "t.py",
+                                     cwd=tmp_path, timeout=60)
+        assert result.returncode == 2
+        assert result.stderr == (f"nemo-throughput launch {target}: --output {output} is not a regular file (a FIFO, "
+                                 "socket or device); give a file name\n")
+
+
+def test_an_output_that_is_a_link_is_replaced_and_what_it_points_to_left_alone(tmp_path):
+    """Before, the script was written through the link into its target, whose mode became 0755."""
+    private = tmp_path / "private.txt"
+    private.write_text("mine\n")
+    private.chmod(0o600)
+    (tmp_path / "job.sbatch").symlink_to(private)
+    result = cli("slurm", "--output", "job.sbatch", "--", "python", "t.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert private.read_text() == "mine\n" and private.stat().st_mode & 0o777 == 0o600
+    written = tmp_path / "job.sbatch"
+    assert not written.is_symlink() and written.read_text().startswith("#!/bin/bash")
+    assert written.stat().st_mode & 0o777 == 0o755
 
 
 def test_results_dir_on_the_hosts_is_created_with_the_script(tmp_path):

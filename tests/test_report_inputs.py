@@ -4,6 +4,7 @@ file, the other runs are still reported, and nothing printed can drive a termina
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,15 @@ def test_a_missing_output_directory_is_a_clear_error_before_any_work(tmp_path, c
     assert (code, out) == (2, "")
     assert f"{option} {target}: directory {tmp_path}/no/such does not exist; create it first" in err
     assert not (tmp_path / "no").exists()
+
+
+def test_an_output_that_is_a_fifo_is_refused_without_waiting_for_a_reader(tmp_path, capsys):
+    good_run(tmp_path, "a")
+    fifo = tmp_path / "report.md"
+    os.mkfifo(fifo)
+    code, out, err = report(tmp_path / "a", "--output", fifo, capsys=capsys)
+    assert (code, out) == (2, "")
+    assert f"--output {fifo} is not a regular file (a FIFO, socket or device); give a file name" in err
 
 
 def test_output_must_not_overwrite_an_input_summary(tmp_path, capsys):

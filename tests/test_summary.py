@@ -5,14 +5,13 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import read_json
+from conftest import fill_up, read_json
 from nemo_throughput.flops import ModelSpec
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.summary import SCHEMA, SummaryFile, append_jsonl, read_summary, write_json_atomic
@@ -100,36 +99,6 @@ def test_files_are_written_with_the_users_umask_like_any_log(tmp_path):
         os.umask(old)
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "steps.jsonl").stat().st_mode & 0o777 == 0o640
-
-
-@pytest.fixture
-def tiny_filesystem(tmp_path):
-    """A real 64 KiB file system (tmpfs), to fill up; skipped where mounting is not allowed."""
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=True)
-
-
-def fill_up(directory: Path) -> None:
-    """Write a filler file until the file system has no byte left."""
-    with open(directory / "filler", "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"x" * 4096)
-        except OSError as error:
-            assert error.errno == errno.ENOSPC
-        try:
-            while True:
-                f.write(b"x")
-        except OSError as error:
-            assert error.errno == errno.ENOSPC
 
 
 @pytest.mark.invalid_summaries  # the writer's test documents, not run summaries

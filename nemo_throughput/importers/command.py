@@ -17,9 +17,9 @@ from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
 from nemo_throughput.importers import mlperf, notice
 from nemo_throughput.importers.logs import FORMATS, Imported, import_run
-from nemo_throughput.outputs import check_output_dir, check_output_file
+from nemo_throughput.outputs import check_output_dir, check_output_file, write_text_atomic
 from nemo_throughput.presets import PRESETS, preset
-from nemo_throughput.summary import MAX_SUMMARY_BYTES, json_text, write_text_atomic
+from nemo_throughput.summary import MAX_SUMMARY_BYTES, json_text
 from nemo_throughput.text import printable
 from nemo_throughput.window import Window
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from nemo_throughput.launch import LaunchError, kubernetes, slurm, submit
 from nemo_throughput.launch.kubernetes import KubernetesJob, manifest_yaml, render_manifest, validate_manifest
 from nemo_throughput.launch.slurm import SlurmJob, render_sbatch
-from nemo_throughput.outputs import OutputPathError, check_output_dir, check_output_file
+from nemo_throughput.outputs import OutputPathError, check_output_dir, check_output_file, write_text_atomic
 from nemo_throughput.text import printable
 
 
@@ -139,8 +139,6 @@ def launch_kubernetes(args: argparse.Namespace, command: list[str]) -> None:
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:
     try:
-        path.write_text(text)
-        if mode is not None:
-            path.chmod(mode)
+        write_text_atomic(path, text, durable=False, mode=mode)
     except OSError as error:  # what the checks cannot see: a full disk, an I/O error
         raise LaunchError(f"--output {printable(path)} cannot be written: {error.strerror}") from None
