@@ -3,6 +3,7 @@ clear errors, and the pod command run end to end with the environment the operat
 
 import copy
 import datetime as dt
+import json
 import os
 import re
 import shutil
@@ -92,6 +93,47 @@ def test_slurm_script_settings():
 
 
 # ----------------------------------------------------------------------------- validation
+# What a YAML 1.2 or Go decoder (kubectl's) reads as a number, boolean or null where it stands plain:
+# kubectl read `3e-4` as 0.0003, `0o17` as 15, `08` as 8 and `y` as true, which PyYAML reads as text.
+NOT_TEXT_WHEN_PLAIN = re.compile(r"[-+]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][-+]?\d+)?|[-+]?0[xXoObB][\da-fA-F_]+"
+                                 r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)|(?i:y|n|yes|no|on|off|true|false|null)|~|"
+                                 r"\d+(:\d+)+|\d{4}-\d\d?-\d\d?.*")
+TRICKY_WORDS = ["3e-4", "1e5", "1E3", "1e-08", "6.0e-6", "0o17", "0b101", "08", "012", "0x1F", "1_000", "+1", ".5",
+                "5.", "1.0", "1:30", "yes", "no", "on", "off", "y", "n", "Y", "N", "true", "True", "null", "Null", "~",
+                "", ".inf", "-.inf", ".nan", "2024-01-01"]
+
+
+def test_every_string_of_a_manifest_is_a_string_to_any_yaml_reader():
+    """Strings that a YAML 1.2 or Go decoder reads otherwise are quoted; where kubectl is installed,
+    its own decoder reads the training command and the label back as written."""
+    job = KubernetesJob(command=["python", "pretrain_gpt.py", *TRICKY_WORDS], image="nvcr.io/nvidia/nemo:24.09",
+                        label="1e5", job_name="lr")
+    manifest = render_manifest(job)
+    text = manifest_yaml(manifest)
+    assert yaml.safe_load(text) == manifest
+
+    def scalars(node):
+        if isinstance(node, yaml.ScalarNode):
+            yield node
+        for child in node.value if isinstance(node, yaml.SequenceNode) else ():
+            yield from scalars(child)
+        for key, value in node.value if isinstance(node, yaml.MappingNode) else ():
+            yield from scalars(key)
+            yield from scalars(value)
+
+    plain_text = [n.value for n in scalars(yaml.compose(text)) if n.style is None and n.tag == "tag:yaml.org,2002:str"]
+    assert "pretrain_gpt.py" in plain_text  # plain where unambiguous
+    assert [word for word in plain_text if NOT_TEXT_WHEN_PLAIN.fullmatch(word)] == []
+    if shutil.which("kubectl"):
+        read = subprocess.run(["kubectl", "label", "--local", "-f", "-", "checked=yes", "-o", "json"], input=text,
+                              capture_output=True, text=True, timeout=60)
+        assert read.returncode == 0, read.stderr
+        (container,) = json.loads(read.stdout)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+            "containers"]
+        assert container["args"][2:] == ["pretrain_gpt.py", *TRICKY_WORDS]
+        assert {"name": "NEMO_THROUGHPUT_RUN_LABEL", "value": "1e5"} in container["env"]
+
+
 def test_rendered_manifests_validate():
     for job in K8S_JOBS.values():
         validate_manifest(render_manifest(job))

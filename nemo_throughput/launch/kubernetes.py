@@ -231,14 +231,34 @@ def _check_extended_resource(flag: str, resource: str) -> None:
 
 
 class _ManifestDumper(yaml.SafeDumper):
-    """Readable YAML: no anchors, multi-line strings (the pod script) as literal blocks."""
+    """Readable YAML that every reader takes as written: no anchors, multi-line strings (the pod
+    script) as literal blocks, and every other string plain only where it cannot be read as
+    anything else (:data:`_PLAIN`), else double-quoted. PyYAML reads YAML 1.1, kubectl's decoder
+    something between 1.1 and 1.2: `3e-4`, `0o17`, `08` and `y` are strings to the first and a
+    number or a boolean to the second."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
 
 
-_ManifestDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+# Plain (unquoted) only: a word that starts with a letter or `/` and holds letters, digits and `._/:-`,
+# none of YAML 1.1's booleans and nulls (yes, no, y, n, on, off, true, false, null, any case); the
+# emitter still quotes what YAML's syntax needs quoted (a trailing `:`).
+_PLAIN = re.compile(r"[A-Za-z/][A-Za-z0-9._/:-]*")
+_YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+
+
+def _represent_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    if "\n" in text:
+        style = "|"
+    elif _PLAIN.fullmatch(text) and text.lower() not in _YAML_WORDS:
+        style = None
+    else:
+        style = '"'
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_ManifestDumper.add_representer(str, _represent_text)
 
 
 def manifest_yaml(manifest: dict[str, Any]) -> str:
