@@ -241,5 +241,6 @@ def first_host(nodelist: str) -> str:
             break
     first = _BRACKET.sub(lambda match: re.split(r"[,-]", match.group(1))[0], nodelist[:end].strip())
     if not first or "[" in first or "]" in first:
-        raise ValueError(f"cannot read the first host of Slurm nodelist {nodelist!r}: export MASTER_ADDR")
+        shown = nodelist if len(nodelist) <= 200 else f"{nodelist[:200]}... ({len(nodelist):,} characters)"
+        raise ValueError(f"cannot read the first host of Slurm nodelist {shown!r}: export MASTER_ADDR")
     return first

@@ -205,7 +205,7 @@ def cli(*args, path=None, cwd=None):
     (["slurm"], "no training command: put it after `--`"),
     (["slurm", "--"], "no training command"),
     (["k8s", "--image", "nemo:1"], "no training command"),
-    (["k8s", "--image", "nemo:1", "--", "torchrun", "t.py"], "must be `python <script or -m module> ...`"),
+    (["k8s", "--image", "nemo:1", "--", "bash", "t.sh"], "must be `python <script or -m module> ...`"),
     (["k8s", "--image", "nemo:1", "--rdma-count", "8", "--", "python", "t.py"], "--rdma-resource and --rdma-count"),
     (["k8s", "--image", "nemo:1", "--job-name", "Llama_70B", "--", "python", "t.py"], "must be lower-case"),
     (["k8s", "--", "python", "t.py"], "the following arguments are required: --image"),
@@ -233,6 +233,17 @@ def test_without_submit_the_file_is_written_and_named(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "wrote demo.yaml" in result.stdout and "without --summary-volume" in result.stdout
     validate_manifest(yaml.safe_load((tmp_path / "demo.yaml").read_text()))
+
+
+def test_launches_in_the_same_second_get_jobs_of_their_own(tmp_path):
+    """The default name had one-second resolution: a parallel sweep overwrote a manifest, and its
+    `--submit` would have changed the first PyTorchJob into the second."""
+    launches = [subprocess.Popen([Path(sys.executable).parent / "nemo-throughput", "launch", "k8s", "--image", "nemo:1",
+                                  "--label", label, "--", "python", "t.py"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                 text=True) for label in ("a", "b", "c")]
+    written = [re.fullmatch(r"wrote (nemo-throughput-\d{4}-\d{6}-[0-9a-f]{4})\.yaml\n.*", launch.communicate()[0],
+                            re.DOTALL).group(1) for launch in launches]
+    assert len(set(written)) == 3 and sorted(p.stem for p in tmp_path.glob("*.yaml")) == sorted(written)
 
 
 # ----------------------------------------------------------------------------- the pod command
@@ -314,6 +325,59 @@ def test_slurm_paths_and_labels_with_control_characters_are_refused(field, flag,
         SlurmJob(command=["python", "t.py"], **{**PYXIS, field: value})
 
 
+# A red-team pass on a real two-node Slurm cluster and kubectl's own decoder: each of these ran
+# something else than asked (more processes in separate worlds, trainings apart, a lost interpreter),
+# leaked a password into a world-readable file, or wrote what no node could pull.
+K8S = {"image": "nvcr.io/nvidia/nemo:24.09"}
+WRONG_JOBS = [
+    (SlurmJob, ["torchrun", "--nproc-per-node=2", "t.py"], {}, "starts its own processes (torchrun)"),
+    (SlurmJob, ["/usr/bin/python3", "-u", "-m", "torch.distributed.run", "t.py"], {}, "(torch.distributed.run)"),
+    (SlurmJob, ["python", "-mtorch.distributed.launch", "t.py"], {}, "(torch.distributed.launch)"),
+    (SlurmJob, ["deepspeed", "t.py"], {}, "(deepspeed)"),
+    (SlurmJob, ["accelerate", "launch", "t.py"], {}, "(accelerate)"),
+    (SlurmJob, ["/opt/mpi/bin/mpirun", "-np", "8", "python", "t.py"], {}, "(mpirun)"),
+    (KubernetesJob, ["python", "-m", "torch.distributed.run", "t.py"], K8S, "(torch.distributed.run)"),
+    (KubernetesJob, ["/opt/venvs/nemo2/bin/python3.11", "t.py"], K8S, "must be `python <script or -m module> ...`"),
+    (SlurmJob, ["", "t.py"], {}, "the training command's program is empty"),
+    (SlurmJob, ["python", "t.py", "trainer.num_nodes=1"], {"nodes": 2},
+     "sets trainer.num_nodes=1, the job --nodes 2: make them the same"),
+    (SlurmJob, ["python", "t.py", "++trainer.devices=4"], {}, "sets trainer.devices=4, the job --gpus-per-node 8"),
+    (KubernetesJob, ["python", "t.py", "trainer.devices=2"], K8S, "trainer.devices=2, the job --gpus-per-node 8"),
+    (SlurmJob, ["python", "t.py"], {"image": "oauthuser:s3cret@nvcr.io#nvidia/nemo:24.09"}, "holds a password"),
+    (KubernetesJob, ["python", "t.py"], {"image": "user:s3cret@nvcr.io/nvidia/nemo:24.09"}, "holds a password"),
+    *((KubernetesJob, ["python", "t.py"], {"image": image}, "not an image reference a node can pull") for image in (
+        "NVCR.io/NVIDIA/NeMo:24.09", "nvcr.io/nvidia/nemo:24.09:25.01", "nemo@sha256:abc", "nemo:", "a//b",
+        "nvcr.io/nvidia/nemo@@x", "nvcr.io/nvidia/nemo:-bad")),
+    (KubernetesJob, ["python", "t.py"], {**K8S, "repeat": 2, "prometheus_port": 23457},
+     "--prometheus-port 23457 is a rendezvous port of the PyTorchJob's repeats (23456-23457)"),
+    (SlurmJob, ["python", "t.py"], {"image": "nemo:1", "mounts": ["/A:/lustre", "/B:/lustre"],
+                                    "results_dir": "/lustre/runs"}, "mounts two sources at /lustre"),
+    (SlurmJob, ["python", "t.py"], {"image": "nemo:1", "mounts": ["/lustre:/lustre:ro"],
+                                    "results_dir": "/lustre/runs"}, "is under a read-only mount"),
+    (SlurmJob, ["python", "t.py"], {"time": "4294967296"}, "which Slurm keeps as another limit or none"),
+    (SlurmJob, ["python", "t.py"], {"time": "24855-03:14"}, "is over 35,791,393 minutes"),
+]
+
+
+@pytest.mark.parametrize("job, command, settings, message", WRONG_JOBS)
+def test_jobs_that_would_run_otherwise_than_asked_are_refused(job, command, settings, message):
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        job(command=command, **settings)
+
+
+@pytest.mark.parametrize("job, command, settings", [
+    (SlurmJob, ["python", "t.py", "trainer.num_nodes=2", "trainer.devices=8", "+x=srun"], {"nodes": 2}),
+    (SlurmJob, ["python", "t.py", "trainer.devices=-1", "trainer.devices=auto"], {}),
+    (SlurmJob, ["bash", "-c", "torchrun t.py"], {}),  # a script's insides are not looked into
+    (SlurmJob, ["python", "t.py"], {**PYXIS, "image": "alice@nvcr.io#nvidia/nemo:24.09", "time": "24855-03:13:00"}),
+    (KubernetesJob, ["python3", "-m", "nemo_throughput.demo.train", "trainer.num_nodes=1"], K8S),
+    (KubernetesJob, ["python", "t.py"], {"image": "localhost:5000/team/nemo_x__y:v1.2-rc_3@sha256:" + "0" * 64}),
+    (KubernetesJob, ["python", "t.py"], {**K8S, "repeat": 2, "prometheus_port": 23458}),
+])
+def test_jobs_near_those_refused_are_accepted(job, command, settings):
+    job(command=command, **settings)
+
+
 @pytest.mark.parametrize("mount, problem", [
     (f"/lustre:/lustre\ntouch {MARKER}", "control character"),
     ("/my data:/data", "whitespace"),  # Pyxis hands mounts to enroot as fstab lines
@@ -389,7 +453,7 @@ def test_slurm_hostile_but_valid_values_stay_data(tmp_path):
     assert not marker.exists()
     options = _sbatch_options(script)
     assert {"--job-name=llama-70b_4n.v2", "--partition=batch,debug", "--account=proj_1.a"} <= set(options)
-    assert len(options) == 9 and options[6].startswith('--output="/lustre/runs #1 $(touch ')
+    assert len(options) == 10 and options[6].startswith('--output="/lustre/runs #1 $(touch ')
 
 
 @pytest.mark.parametrize("args, message", [
@@ -512,6 +576,23 @@ def test_an_output_that_is_a_link_is_replaced_and_what_it_points_to_left_alone(t
     assert written.stat().st_mode & 0o777 == 0o755
 
 
+def test_results_dir_under_home_is_the_home_s_and_an_empty_one_is_refused(tmp_path):
+    """`--results-dir=~/runs` reaches the launcher unexpanded (bash expands no `~` after `=`): it made a
+    directory named `~` where the launcher ran; `--results-dir ''` spilled the jobs into it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    result = nemo_throughput_cli("launch", "slurm", "--results-dir=~/runs", "--", "python", "t.py", cwd=tmp_path,
+                                 env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"RESULTS={home}/runs\n" in (tmp_path / "nemo-throughput.sbatch").read_text()
+    assert (home / "runs").is_dir() and not (tmp_path / "~").exists()
+    result = nemo_throughput_cli("launch", "slurm", "--results-dir", "", "--output", "empty.sbatch", "--", "python",
+                                 "t.py", cwd=tmp_path, env=env)
+    assert (result.returncode, result.stderr) == (2, "nemo-throughput launch slurm: --results-dir is empty: give the "
+                                                     "directory for the summaries\n")
+
+
 def test_results_dir_on_the_hosts_is_created_with_the_script(tmp_path):
     result = cli("slurm", "--results-dir", "runs/2026", "--", "python", "t.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -598,13 +679,12 @@ def run_job_body(script: str, tmp_path: Path, nodelist: str, nodes: int, tasks_p
     ("node-of-a-site-with-long-names-[00001-04096]", 4096, 1),
 ])
 def test_slurm_job_body_reaches_srun_with_a_large_allocation(nodelist, nodes, runs, tmp_path):
-    job = SlurmJob(command=["python", "t.py", "trainer.num_nodes=512"], nodes=nodes, repeat=2,
-                   results_dir=str(tmp_path / "runs"))
+    command = ["python", "t.py", f"trainer.num_nodes={nodes}"]
+    job = SlurmJob(command=command, nodes=nodes, repeat=2, results_dir=str(tmp_path / "runs"))
     for _ in range(runs):
         result, calls, first = run_job_body(render_sbatch(job, now=FIXED_TIME), tmp_path, nodelist, nodes)
         assert result.returncode == 0, result.stderr
-        assert calls == [[first, "1", "--kill-on-bad-exit=1", "python", "t.py", "trainer.num_nodes=512"],
-                         [first, "2", "--kill-on-bad-exit=1", "python", "t.py", "trainer.num_nodes=512"]]
+        assert calls == [[first, "1", "--kill-on-bad-exit=1", *command], [first, "2", "--kill-on-bad-exit=1", *command]]
 
 
 def test_slurm_template_by_hand_refuses_a_command_that_starts_with_an_option(tmp_path):

@@ -128,6 +128,30 @@ def test_every_time_the_launcher_accepts_sbatch_accepts(cluster, tmp_path, time)
     assert result.returncode == 0, result.stderr
 
 
+def test_the_longest_time_the_launcher_accepts_is_the_longest_slurm_keeps(cluster, tmp_path):
+    """One minute more and Slurm keeps another limit (2957761-01:03:00); 2**31 - 1 minutes, none."""
+    from nemo_throughput.launch import LaunchError
+    from nemo_throughput.launch.slurm import MAX_TIME_MINUTES, SlurmJob
+
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/bash\ntrue\n")
+    limits = {}
+    for minutes in (MAX_TIME_MINUTES, MAX_TIME_MINUTES + 1, 2**31 - 1):
+        submitted = subprocess.run(["sbatch", "--parsable", "--hold", f"--time={minutes}", str(job)], env=cluster.env,
+                                   capture_output=True, text=True, cwd=tmp_path, check=True)
+        job_id = submitted.stdout.strip()
+        limits[minutes] = re.search(r"TimeLimit=(\S+)", cluster.scontrol("show", "job", job_id).stdout).group(1)
+        subprocess.run(["scancel", job_id], env=cluster.env, check=True)
+    days, rest = divmod(MAX_TIME_MINUTES, 1440)
+    assert limits[MAX_TIME_MINUTES] == f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
+    assert limits[MAX_TIME_MINUTES + 1] != f"{days}-{rest // 60:02d}:{rest % 60 + 1:02d}:00"
+    assert limits[2**31 - 1] == "UNLIMITED"
+    SlurmJob(command=["python", "t.py"], time=str(MAX_TIME_MINUTES))
+    for too_long in (MAX_TIME_MINUTES + 1, 2**31 - 1, 2**32):
+        with pytest.raises(LaunchError, match="which Slurm keeps as another limit or none"):
+            SlurmJob(command=["python", "t.py"], time=str(too_long))
+
+
 def test_template_by_hand_refuses_a_command_that_starts_with_an_option(cluster, tmp_path):
     """`sbatch benchmark.sbatch --nodes=2 python ...`: srun would have taken --nodes=2 as its own."""
     from nemo_throughput.launch.slurm import TEMPLATE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+import secrets
 import shlex
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
     k8s = targets.add_parser("k8s", help="a Kubeflow PyTorchJob: one pod per node, torchrun in each pod",
                              description="Writes launchers/kubernetes/pytorchjob.yaml filled in; --submit runs "
-                                         "kubectl apply on it. The training command follows `--` and starts "
+                                         "kubectl create on it. The training command follows `--` and starts "
                                          "with `python`.")
     _job_arguments(k8s, "yaml")
     k8s.add_argument("--image", required=True, help="container image of the pods")
@@ -58,7 +59,7 @@ def _job_arguments(parser: argparse.ArgumentParser, suffix: str) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=1, help="identical runs, one after another (default 1)")
     parser.add_argument("--label", help="run.label of the summaries, e.g. bare-metal (default: the orchestrator)")
-    default_name = "nemo-throughput" if suffix == "sbatch" else "nemo-throughput-<MMDD-HHMMSS>"
+    default_name = "nemo-throughput" if suffix == "sbatch" else "nemo-throughput-<MMDD-HHMMSS>-<4 hex digits>"
     parser.add_argument("--job-name", help=f"default {default_name}")
     parser.add_argument("--output", type=Path, help=f"file to write (default ./<job name>.{suffix})")
     parser.add_argument("--submit", action="store_true", help="submit it and print the job id")
@@ -89,8 +90,10 @@ def _require_separator(command: list[str]) -> None:
 
 def launch_slurm(args: argparse.Namespace, command: list[str]) -> None:
     results_dir = args.results_dir
-    if not args.image:  # on the hosts: absolute, so that it does not depend on where sbatch runs
-        results_dir = str(Path(results_dir).resolve())
+    if not results_dir.strip():
+        raise LaunchError("--results-dir is empty: give the directory for the summaries")
+    if not args.image:  # on the hosts: absolute, so that it does not depend on where sbatch runs; `=~/x` unexpanded
+        results_dir = str(Path(results_dir).expanduser().resolve())
     job = SlurmJob(
         command=command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, image=args.image,
         mounts=[m for m in args.mounts.split(",") if m], workdir=args.workdir, partition=args.partition,
@@ -119,8 +122,9 @@ def launch_kubernetes(args: argparse.Namespace, command: list[str]) -> None:
         scheduler_name=args.scheduler_name, queue=args.queue, queue_label=args.queue_label,
         summary_volume=args.summary_volume, repeat=args.repeat, label=args.label, expand_env=args.expand_env,
         prometheus_port=args.prometheus_port,
-        # a PyTorchJob name is unique in its namespace and keys the results: one per launch
-        job_name=args.job_name or f"nemo-throughput-{dt.datetime.now():%m%d-%H%M%S}",
+        # a PyTorchJob name is unique in its namespace and keys the results: one per launch, two
+        # launches in the same second included
+        job_name=args.job_name or f"nemo-throughput-{dt.datetime.now():%m%d-%H%M%S}-{secrets.token_hex(2)}",
     )
     path = check_output_file(args.output or Path(f"{job.job_name}.yaml"), "--output", reads=[kubernetes.TEMPLATE])
     manifest = render_manifest(job)

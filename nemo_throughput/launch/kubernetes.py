@@ -18,21 +18,28 @@ from nemo_throughput.launch import (
     LaunchError,
     require_command,
     require_count,
+    require_layout,
     require_no_control_characters,
     require_port,
+    refuse_a_password,
 )
 
 TEMPLATE = TEMPLATES / "kubernetes" / "pytorchjob.yaml"
 RESULTS_MOUNT = "/results"
 KUBERNETES_VERSION = "1.31"  # schema version the pod templates are validated against
 GPU_RESOURCE = "nvidia.com/gpu"
-_PYTHON = re.compile(r"(.*/)?python(3(\.\d+)?)?")
+RENDEZVOUS_PORT = 23456  # the PyTorchJob's; repeat k uses RENDEZVOUS_PORT + k - 1 (the template's script)
 # Kubernetes' name rules (apimachinery validation): the API server refuses anything else.
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # Service names: the operator makes one per pod
 _DNS_1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_1123_SUBDOMAIN = re.compile(rf"{_DNS_1123_LABEL}(\.{_DNS_1123_LABEL})*")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")  # also a label key's name part
-_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*")  # [registry[:port]/]path[:tag][@digest]
+# An image reference as the kubelet parses it (the distribution/reference grammar):
+# [domain[:port]/]path[:tag][@digest], path components in lower case.
+_DOMAIN = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
 
 
 @dataclass
@@ -56,9 +63,11 @@ class KubernetesJob:
 
     def __post_init__(self) -> None:
         command = require_command(self.command)
-        if not _PYTHON.fullmatch(command[0]) or len(command) < 2:
-            raise LaunchError("in each pod torchrun starts the training processes, so the command must be "
-                              f"`python <script or -m module> ...`; got `{' '.join(command)}`")
+        if command[0] not in ("python", "python3") or len(command) < 2:
+            raise LaunchError("in each pod torchrun starts the training processes, with the python it is installed "
+                              "in, so the command must be `python <script or -m module> ...` (for another "
+                              "environment, put its bin first on the image's PATH); got "
+                              f"`{' '.join(command)}`")
         _check_torchrun_target(command[1:])
         self.command = command
         if not self.image:
@@ -66,9 +75,12 @@ class KubernetesJob:
         require_count("--nodes", self.nodes)
         require_count("--gpus-per-node", self.gpus_per_node)
         require_count("--repeat", self.repeat)
+        require_layout(self.command, self.nodes, self.gpus_per_node)
         require_port("--prometheus-port", self.prometheus_port)
-        if self.prometheus_port == 23456:
-            raise LaunchError("--prometheus-port 23456 is the PyTorchJob's rendezvous port: choose another, e.g. 9464")
+        rendezvous = range(RENDEZVOUS_PORT, RENDEZVOUS_PORT + self.repeat)
+        if self.prometheus_port in rendezvous:
+            raise LaunchError(f"--prometheus-port {self.prometheus_port} is a rendezvous port of the PyTorchJob's "
+                              f"repeats ({rendezvous.start}-{rendezvous.stop - 1}): choose another, e.g. 9464")
         if (self.rdma_resource is None) != (self.rdma_count is None):
             raise LaunchError("--rdma-resource and --rdma-count go together (e.g. --rdma-resource rdma/ib "
                               "--rdma-count 8)")
@@ -90,9 +102,11 @@ class KubernetesJob:
         if not _dns_label(self.namespace):
             raise LaunchError(f"--namespace {self.namespace!r} is not a Kubernetes namespace: lower-case letters, "
                               "digits and '-', starting and ending with a letter or digit, at most 63 characters")
-        if not _IMAGE.fullmatch(self.image):
-            raise LaunchError(f"--image {self.image!r} is not an image reference: [registry/]name[:tag][@digest], "
-                              "without spaces or shell characters")
+        refuse_a_password("--image", self.image)
+        if len(self.image) > 255 or not _IMAGE.fullmatch(self.image):
+            raise LaunchError(f"--image {self.image!r} is not an image reference a node can pull: "
+                              "[registry[:port]/]path[:tag][@digest], the path in lower case, one tag, a digest such "
+                              "as sha256:<64 hex digits>")
         if self.queue is not None:
             _check_label("--queue", self.queue)
             _check_label_key("--queue-label", self.queue_label)

@@ -16,6 +16,8 @@ from nemo_throughput.launch import (
     require_count,
     require_no_control_characters,
     require_port,
+    refuse_a_password,
+    require_layout,
 )
 
 TEMPLATE = TEMPLATES / "slurm" / "benchmark.sbatch"
@@ -34,6 +36,9 @@ _IMAGE = re.compile(r"[A-Za-z0-9._/][A-Za-z0-9._:/@#+~-]*")
 _MOUNT_FLAGS = re.compile(r"[A-Za-z0-9._=-]+(\+[A-Za-z0-9._=-]+)*")  # Pyxis joins enroot's flags with '+'
 _NAME_RULE = "letters, digits and . _ + - (starting with a letter, a digit or _)"
 MAX_JOB_NAME = 1024  # slurmctld refuses a longer name at submission ("parameter too long")
+# The longest --time Slurm keeps as given (its seconds fit an int32): 35791394 minutes became
+# 2957761-01:03:00, 2**31 - 1 minutes UNLIMITED (Slurm 22.05)
+MAX_TIME_MINUTES = 35_791_393
 
 
 @dataclass
@@ -58,6 +63,7 @@ class SlurmJob:
         require_count("--nodes", self.nodes)
         require_count("--gpus-per-node", self.gpus_per_node)
         require_count("--repeat", self.repeat)
+        require_layout(self.command, self.nodes, self.gpus_per_node)
         require_port("--prometheus-port", self.prometheus_port)
         self._check_text_fields()
         self._check_names()
@@ -66,6 +72,10 @@ class SlurmJob:
                               "the hosts)")
         for mount in self.mounts:
             _check_mount(mount)
+        destinations = [posixpath.normpath(mount.split(":")[1]) for mount in self.mounts]
+        if len(set(destinations)) < len(destinations):
+            twice = next(d for d in destinations if destinations.count(d) > 1)
+            raise LaunchError(f"--mounts mounts two sources at {twice}: the later one hides the earlier; mount one")
         self._check_results_dir()
 
     def _check_results_dir(self) -> None:
@@ -80,6 +90,9 @@ class SlurmJob:
             if mount[0] in ("tmpfs", "umount"):
                 raise LaunchError(f"--results-dir {self.results_dir} is under a {mount[0]} mount: the summaries "
                                   "would go with the container; mount a host directory there")
+            if "ro" in mount[2]:
+                raise LaunchError(f"--results-dir {self.results_dir} is under a read-only mount: the summaries "
+                                  "could not be written; mount it without ro")
         if "\\" in self.host_results_dir:  # Slurm: a '\' in --output turns off its %j replacement
             raise LaunchError(f"--results-dir {self.host_results_dir!r} contains '\\', which Slurm's --output does "
                               "not take literally: choose a directory without it")
@@ -106,17 +119,23 @@ class SlurmJob:
         if self.time is not None and not _TIME.fullmatch(self.time):
             raise LaunchError(f"--time {self.time!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS, "
                               "D-HH[:MM[:SS]] or UNLIMITED)")
+        if self.time is not None and _minutes(self.time) > MAX_TIME_MINUTES:
+            raise LaunchError(f"--time {self.time!r} is over {MAX_TIME_MINUTES:,} minutes (about 68 years), which "
+                              "Slurm keeps as another limit or none: give UNLIMITED for no limit")
+        if self.image is not None:
+            refuse_a_password("--image", self.image)
         if self.image is not None and not _IMAGE.fullmatch(self.image):
             raise LaunchError(f"--image {self.image!r} is not a container image Pyxis takes: "
                               "[USER@][REGISTRY#]IMAGE[:TAG] or the path of a squashfs file, without spaces or "
                               "shell characters")
 
-    def _mount_of(self, path: str) -> tuple[str, PurePosixPath] | None:
-        """(source, destination) of the innermost mount that holds `path` in the container, or None."""
+    def _mount_of(self, path: str) -> tuple[str, PurePosixPath, list[str]] | None:
+        """(source, destination, flags) of the innermost mount that holds `path` in the container, or None."""
         # normalised first: /lustre/../etc is not under /lustre
         path = PurePosixPath(posixpath.normpath(path))
-        mounts = [(m.split(":")[0], PurePosixPath(posixpath.normpath(m.split(":")[1]))) for m in self.mounts]
-        holding = [(source, destination) for source, destination in mounts if path.is_relative_to(destination)]
+        mounts = [(parts[0], PurePosixPath(posixpath.normpath(parts[1])), parts[2].split("+") if len(parts) > 2 else [])
+                  for parts in (m.split(":") for m in self.mounts)]
+        holding = [mount for mount in mounts if path.is_relative_to(mount[1])]
         return max(holding, key=lambda mount: len(mount[1].parts), default=None)
 
     @property
@@ -124,7 +143,7 @@ class SlurmJob:
         """--results-dir as the hosts see it: Slurm writes the job's log there, outside any container."""
         if not self.image:
             return self.results_dir
-        source, destination = self._mount_of(self.results_dir)
+        source, destination, _ = self._mount_of(self.results_dir)
         inside = PurePosixPath(posixpath.normpath(self.results_dir)).relative_to(destination)
         return posixpath.normpath(posixpath.join(source, inside))
 
@@ -138,6 +157,7 @@ class SlurmJob:
             "--mem=0",
             # '%' is Slurm's file name pattern character: %% keeps one from the directory literally
             f"--output={_directive_value(self.host_results_dir.replace('%', '%%') + '/slurm-%j.out')}",
+            "--open-mode=append",  # a requeued job appends to its log: the first attempt's stays
         ]
         options += [f"--{name}={value}" for name, value in
                     (("time", self.time), ("partition", self.partition), ("account", self.account)) if value]
@@ -172,6 +192,20 @@ def render_sbatch(job: SlurmJob, now: dt.datetime | None = None) -> str:
         "",
     ]
     return "\n".join(header) + body
+
+
+def _minutes(time: str) -> int:
+    """Minutes of a --time that _TIME matched (0 for UNLIMITED/INFINITE), as Slurm counts them."""
+    if not time[0].isdigit():
+        return 0
+    days, _, clock = time.rpartition("-")
+    parts = [int(part) for part in clock.split(":")]
+    if days:  # D-H, D-H:M, D-H:M:S
+        hours, minutes = (*parts, 0)[:2]
+        return int(days) * 1440 + hours * 60 + minutes
+    if len(parts) == 3:  # H:M:S
+        return parts[0] * 60 + parts[1]
+    return parts[0]  # M, M:S
 
 
 def _shell_value(value: str) -> str:
