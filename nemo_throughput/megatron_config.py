@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nemo_throughput.values import is_int
+
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_query_groups",
               "kv_channels", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
               "moe_shared_expert_intermediate_size", "moe_layer_freq")
@@ -47,9 +49,19 @@ def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tensor_parallel:
 
 
 def parallel_sizes(config: Any) -> dict[str, int]:
-    """Tensor / pipeline / context / virtual-pipeline / expert parallel sizes the config sets."""
-    values = {name: get(config, key) for name, key in PARALLEL_KEYS.items()}
-    return {name: int(value) for name, value in values.items() if value}
+    """Tensor / pipeline / context / virtual-pipeline / expert parallel sizes the config sets; any
+    other value than a positive integer is refused, naming its key (a size of -2 made the
+    data-parallel size -4, 2.7 was read as 2)."""
+    sizes = {}
+    for name, key in PARALLEL_KEYS.items():
+        value = get(config, key)
+        if value is None:
+            continue
+        if not is_int(value) or value < 1:
+            raise ValueError(f"nemo-throughput: {key} in the model config must be a positive integer, got {value!r} "
+                             f"({type(value).__name__}): fix it in the model config.")
+        sizes[name] = value
+    return sizes
 
 
 _FP8_RECIPES = ("e4m3", "hybrid")
@@ -87,7 +99,9 @@ def high_precision_layers(config: Any) -> int | None:
 def formula_gaps(config: Any) -> list[str]:
     """What the model has that the GPT FLOPs formulas do not describe, so that FLOPs computed from
     its shape would be wrong: sliding-window layers would count as full attention (GPT-OSS: about
-    +5 %), and there is no multi-latent attention or multi-token prediction (DeepSeek-V3)."""
+    +5 %), there is no multi-latent attention or multi-token prediction (DeepSeek-V3), and no
+    state-space or convolution layer (Nemotron-H, Mamba 2, Evo 2: counted as transformer layers,
+    1.09x to 1.76x the FLOPs)."""
     gaps = []
     window = get(config, "window_size")
     if window is not None:
@@ -96,4 +110,8 @@ def formula_gaps(config: Any) -> list[str]:
         gaps.append("multi-latent attention (multi_latent_attention=True)")
     if get(config, "mtp_num_layers"):
         gaps.append(f"multi-token prediction (mtp_num_layers={get(config, 'mtp_num_layers')})")
+    pattern = get(config, "hybrid_override_pattern")
+    if pattern or get(config, "is_hybrid_model") is True or get(config, "mamba_state_dim") is not None:
+        shown = f"{pattern[:24]}..." if isinstance(pattern, str) and len(pattern) > 24 else pattern
+        gaps.append(f"Mamba, Hyena or hybrid layers (hybrid_override_pattern={shown!r})")
     return gaps

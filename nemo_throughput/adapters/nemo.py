@@ -70,6 +70,7 @@ def _from_nemo1_cfg(cfg: Any, pl_module: Any) -> ModuleFacts:
         micro_batch_size=get(cfg, "micro_batch_size"),
         parallel=parallel_sizes(cfg),
         low_precision="fp8" if _flag(cfg, "fp8") else None,
+        formula_gaps=formula_gaps(cfg),
     )
 
 
@@ -77,7 +78,10 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
     spec = shape_fields(config)
     spec["gated_linear_unit"] = _flag(config, "gated_linear_unit")
     parallel = parallel_sizes(config)
-    seq_length = get(datamodule, "seq_length") or get(config, "seq_length")
+    # A packed data module trains packs of packed_sequence_size token slots, which may be longer than
+    # its seq_length (NeMo builds the packed dataset at the pack size).
+    packed_size = get(datamodule, "packed_sequence_size") or 0
+    seq_length = packed_size if packed_size > 0 else get(datamodule, "seq_length") or get(config, "seq_length")
     if seq_length:
         spec["seq_length"] = seq_length
     # As NeMo 2's GPTConfig does: a preset vocab_size is used as is, else the tokenizer's is padded.
@@ -96,7 +100,7 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
         parallel=parallel,
         low_precision=low_precision(config),
         high_precision_layers=high_precision_layers(config),
-        batch_layout=PACKED if (get(datamodule, "packed_sequence_size") or 0) > 0 else None,
+        batch_layout=PACKED if packed_size > 0 else None,
         formula_gaps=formula_gaps(config),
     )
 

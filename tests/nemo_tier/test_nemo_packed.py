@@ -69,7 +69,8 @@ def test_a_run_on_nemo_packed_batches_counts_their_real_tokens_and_squared_lengt
 
 def test_nemo2_finetuning_data_module_with_packed_sequences_reads_as_packed(tmp_path):
     """Under NeMo's Megatron strategy the hooks get no batch: a FineTuningDataModule with
-    packed_sequence_specs says the run is packed; one without says nothing."""
+    packed_sequence_specs says the run is packed, of packs of its packed_sequence_size; one without
+    says nothing."""
     from types import SimpleNamespace
 
     from nemo.collections.llm.gpt.data.fine_tuning import FineTuningDataModule
@@ -84,3 +85,9 @@ def test_nemo2_finetuning_data_module_with_packed_sequences_reads_as_packed(tmp_
     unpacked = FineTuningDataModule(dataset_root=tmp_path, seq_length=2048, micro_batch_size=1, global_batch_size=8)
     assert read_module(model, packed).batch_layout == "packed"
     assert read_module(model, unpacked).batch_layout is None
+    # Packs longer than seq_length (as NeMo's own error message advises): a step trains 8 packs of 8192
+    # token slots, not 8 x 2048 (the rates were 4 times too low).
+    longer = FineTuningDataModule(dataset_root=tmp_path, seq_length=2048, micro_batch_size=1, global_batch_size=8,
+                                  packed_sequence_specs=PackedSequenceSpecs(packed_sequence_size=8192))
+    assert read_module(model, longer).spec_fields["seq_length"] == 8192
+    assert read_module(model, unpacked).spec_fields["seq_length"] == 2048
