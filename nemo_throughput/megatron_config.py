@@ -111,7 +111,7 @@ def formula_gaps(config: Any) -> list[str]:
     if get(config, "mtp_num_layers"):
         gaps.append(f"multi-token prediction (mtp_num_layers={get(config, 'mtp_num_layers')})")
     pattern = get(config, "hybrid_override_pattern")
-    if pattern or get(config, "is_hybrid_model") is True or get(config, "mamba_state_dim") is not None:
+    if pattern or get(config, "is_hybrid_model") is True:  # every TransformerConfig has mamba_* defaults
         shown = f"{pattern[:24]}..." if isinstance(pattern, str) and len(pattern) > 24 else pattern
         gaps.append(f"Mamba, Hyena or hybrid layers (hybrid_override_pattern={shown!r})")
     return gaps

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import time
 
 import pytest
@@ -208,10 +209,12 @@ def test_reads_a_megatron_core_transformer_config_and_the_data_module(tmp_path, 
     ({"window_size": (128, 0)}, r"sliding-window attention \(window_size=\(128, 0\)\)"),
     ({"multi_latent_attention": True}, r"multi-latent attention"),
     ({"mtp_num_layers": 1}, r"multi-token prediction \(mtp_num_layers=1\)"),
+    ({"hybrid_override_pattern": "M-M-M*-"}, r"Mamba, Hyena or hybrid layers \(hybrid_override_pattern='M-M-M\*-'\)"),
+    ({"is_hybrid_model": True}, r"Mamba, Hyena or hybrid layers"),
 ])
 def test_a_model_the_formulas_cannot_describe_needs_its_flops_given(tmp_path, quiet_trainer_kwargs, feature, message):
-    """GPT-OSS's sliding window, DeepSeek's MLA and MTP: computed FLOPs would be wrong, so they are refused
-    unless given (or counted); given, the run is measured as usual."""
+    """GPT-OSS's sliding window, DeepSeek's MLA and MTP, Nemotron-H's Mamba layers: computed FLOPs would
+    be wrong, so they are refused unless given (or counted); given, the run is measured as usual."""
     import lightning.pytorch as pl
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -229,6 +232,23 @@ def test_a_model_the_formulas_cannot_describe_needs_its_flops_given(tmp_path, qu
         fit()
     summary = json.loads(open(fit(flops_per_sample=1e9).summary_path).read())
     assert summary["model"]["flops_formula"] == "user" and summary["status"] == "completed"
+
+
+@pytest.mark.parametrize("size, shown", [(-2, "-2 (int)"), (0, "0 (int)"), (2.7, "2.7 (float)"), ("two", "'two' (str)"),
+                                         (True, "True (bool)")])
+def test_a_parallel_size_that_is_not_a_positive_integer_is_refused_naming_its_key(size, shown):
+    """A tensor-parallel size of -2 made the data-parallel size -4; 2.7 was read as 2; "two" raised a
+    bare int() error."""
+    from omegaconf import OmegaConf
+
+    from nemo_throughput.megatron_config import parallel_sizes
+
+    config = OmegaConf.create({"tensor_model_parallel_size": size, "pipeline_model_parallel_size": 2})
+    with pytest.raises(ValueError, match=re.escape(f"tensor_model_parallel_size in the model config must be a "
+                                                   f"positive integer, got {shown}")):
+        parallel_sizes(config)
+    assert parallel_sizes(OmegaConf.create({"tensor_model_parallel_size": 4, "context_parallel_size": None})) == \
+        {"tensor": 4}
 
 
 # ---------------------------------------------------------------------- settings of the wrong type or value
