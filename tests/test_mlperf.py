@@ -35,6 +35,9 @@ HPE_N2, HPE_N4 = (HPE / "results" / f"HPE-Cray-XD670-H200-SXM5-141GB_n{n}_24.09"
 SUPERMICRO_DLRM = V5 / "Supermicro" / "results" / "SYS-821GE-TNHR" / "dlrm_dcnv2"
 GOOGLE_V5 = V5 / "Google"  # TPU logs state no counts (and a platform of "tpu-trillium"): only systems/ does
 RULESET_V5 = "5.0.0"
+V41, V51 = DATA / "v4.1", DATA / "v5.1"  # single runs of v4.1 and v5.1 submissions, in the repository's layout
+EOS_GPT3 = V41 / "NVIDIA" / "results" / "eos_n64_ngc24.09_nemo" / "gpt3"  # NVIDIA's gpt3: throughput in tokens/s
+AMD_LLAMA8B = V51 / "AMD" / "results" / "MI355X_EPYC_9575F_pytorch" / "llama31_8b"  # states max_sequence_length
 
 
 def run_import(capsys, *inputs, out: Path, extra=(), ruleset=RULESET) -> tuple[int, str]:
@@ -685,3 +688,56 @@ def test_the_system_directory_is_that_of_results_or_of_a_folder_named_after_the_
     found = {Path(s["environment"]["imported_from"]).parent: s["time_to_train"]["system"]["directory"]
              for s in summaries(tmp_path / "out").values()}
     assert found == {layouts["in-results"]: "eos", layouts["named"]: "eos2", layouts["elsewhere"]: None}
+
+
+def throughput_lines(path: Path) -> list:
+    lines, failed = parse_file(str(path), ruleset=RULESET)
+    assert not failed
+    return [line for line in lines if line.key == "tracked_stats" and "throughput" in line.value["value"]]
+
+
+def test_a_gpt3_rate_in_tokens_per_s_is_divided_by_its_sequence_length(capsys, tmp_path):
+    log = EOS_GPT3 / "result_0.txt"
+    code, err = run_import(capsys, log, out=tmp_path, ruleset="4.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path).values()
+    keys = keys_of(log)
+    (line,) = throughput_lines(log)  # {"throughput": 404624.31}, metadata step 1207959552
+    tokens_per_s, tokens = line.value["value"]["throughput"], line.value["metadata"]["step"]
+    seq_length, batch = keys["max_sequence_length"].value["value"], keys["global_batch_size"].value["value"]
+    assert tokens % (batch * seq_length) == 0 and tokens == keys["train_samples"].value["value"]  # 288 steps
+    samples_per_s = summary["throughput"]["samples_per_s"]
+    assert samples_per_s == pytest.approx(tokens_per_s / seq_length)  # 197.57, not 404,624
+    seconds = (keys["run_stop"].timestamp - keys["run_start"].timestamp) / 1000
+    assert samples_per_s == pytest.approx(tokens / seq_length / seconds, rel=0.01)  # 589,824 samples in 2,986 s
+    assert summary["throughput"]["rate_source"] == "log:tracked_stats.throughput / max_sequence_length"
+    assert summary["throughput"]["tokens_per_s"] is None
+    (note,) = summary["time_to_train"]["notes"]
+    assert note.startswith("the log's throughput 404,624/s is tokens/s (its step counts tokens: 1,207,959,552 = 288 x "
+                           "global_batch_size 2048 x max_sequence_length 2048") and note in err
+
+
+def test_a_rate_whose_step_counts_samples_stays_as_logged(capsys, tmp_path):
+    log = AMD_LLAMA8B / "result_0.txt"  # max_sequence_length 8192; step 172,032 samples (5,376 batches of 32)
+    code, err = run_import(capsys, log, out=tmp_path, ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path).values()
+    lines = throughput_lines(log)
+    rates = [line.value["value"]["throughput"] for line in lines]
+    assert summary["throughput"]["samples_per_s"] == pytest.approx(sum(rates) / len(rates))
+    assert summary["throughput"]["rate_source"] == "log:tracked_stats.throughput"
+    samples = lines[-1].value["metadata"]["step"]
+    seconds = (lines[-1].timestamp - keys_of(log)["run_start"].timestamp) / 1000
+    assert summary["throughput"]["samples_per_s"] == pytest.approx(samples / seconds, rel=0.05)
+    assert not summary["time_to_train"]["notes"]
+
+
+def test_a_token_rate_its_own_count_contradicts_gives_no_samples_per_s(capsys, tmp_path):
+    logged = '{"throughput": 404624.3115973739}'
+    log = _edited(EOS_GPT3 / "result_0.txt", tmp_path / "gpt3" / "result_0.txt",
+                  lambda text: text.replace(logged, '{"throughput": 40462431.15973739}'))  # 100x
+    code, err = run_import(capsys, log, out=tmp_path / "out", ruleset="4.1.0", extra=("--num-gpus", "512"))
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    assert summary["throughput"]["samples_per_s"] is None and summary["throughput"]["rate_source"] is None
+    assert "looks like tokens/s" in err and "its unit is not known, samples/s not given" in err

@@ -8,7 +8,9 @@ read here, since the library leaves it to its package checker. A result publishe
 from ``<submitter>/systems/<system>.json``, where result_summarizer reads them: real logs state
 other counts (v5.0 logs of 2- and 4-node systems say ``number_of_nodes "1"``). Nothing the files
 do not state is filled in: a log without throughput lines has no samples/s, and tokens/s is never
-derived (an MLPerf benchmark's sample is not a fixed number of tokens).
+derived (an MLPerf benchmark's sample is not a fixed number of tokens). A log whose throughput lines
+count tokens (gpt3's) has its samples/s divided by its own ``max_sequence_length``, once the run's
+count over its time agrees with the rate.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ PLACEHOLDER = "PLACEHOLDER"  # reference code logs e.g. 2xSUBMISSION_PLATFORM_PL
 MAX_COUNT = 1_000_000  # nodes, or accelerators per node: more than any system has (a typo or a broken file)
 IS_ZERO = "is 0"
 COUNT_KEYS = ("number_of_nodes", "accelerators_per_node")
+RATE_SOURCE = "log:tracked_stats.throughput"
+TOKEN_RATE_SOURCE = f"{RATE_SOURCE} / max_sequence_length"
+# A rate and the run's count over its time agree within this factor (the latter includes evaluation, which the
+# rates of real logs leave out: llama2_70b_lora's 112 samples/s over a run's 79); tokens for samples is 2048x.
+RATE_AGREEMENT = 2.0
 
 
 def _library() -> Any:
@@ -166,6 +173,16 @@ class Compliance:
     errors: list[str]
 
 
+@dataclass(frozen=True)
+class LoggedRate:
+    """One throughput line: the rate, the count it stands at (metadata ``step``: samples, or tokens in
+    gpt3's logs; a list in bert's, or None) and when it was logged."""
+
+    rate: float
+    step: Any
+    time_ms: float
+
+
 @dataclass
 class ResultLog:
     """What one MLPerf result file states."""
@@ -176,7 +193,7 @@ class ResultLog:
     run_start_ms: float | None
     run_stop_ms: float | None
     stop_status: str | None  # run_stop's metadata status: success or aborted
-    throughputs: list[tuple[int | None, float]]  # (step, samples/s) of tracked_stats / throughput lines
+    throughputs: list[LoggedRate]  # of the tracked_stats / throughput lines
     evals: list[dict[str, Any]]  # eval_accuracy: value, epoch_num / samples_count
     epochs: int
     parse_errors: list[str]
@@ -269,7 +286,7 @@ def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
 def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> ResultLog:
     values: dict[str, Any] = {}
     start = stop = status = None
-    throughputs: list[tuple[int | None, float]] = []
+    throughputs: list[LoggedRate] = []
     evals: list[dict[str, Any]] = []
     epochs = 0
     for line in lines:
@@ -282,7 +299,7 @@ def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> Result
         elif key in ("tracked_stats", "throughput"):
             rate = value.get("throughput") if isinstance(value, dict) else value
             if isinstance(rate, (int, float)) and rate > 0:
-                throughputs.append((metadata.get("step"), float(rate)))
+                throughputs.append(LoggedRate(float(rate), metadata.get("step"), line.timestamp))
         elif key == "eval_accuracy":
             evals.append({"value": value, **{k: metadata[k] for k in ("epoch_num", "samples_count") if k in metadata}})
         elif key == "epoch_start":
@@ -425,7 +442,8 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     )
     status, error = _status(result)
     notes += _notes(result, error)
-    rate = ResultRate(_samples_per_s(result), "log:tracked_stats.throughput" if result.throughputs else None)
+    rate, rate_notes = _rate(result)
+    notes += rate_notes
     summary = build_summary(
         facts, RunStats(world_size=1, warmup_steps=0), status, error, result_rate=rate,
         time_to_train={**time_to_train(result), "ruleset_given": ruleset is not None,
@@ -556,9 +574,61 @@ def _status(result: ResultLog) -> tuple[str, str | None]:
     return "completed", None
 
 
-def _samples_per_s(result: ResultLog) -> float | None:
-    """The mean of the log's own throughput lines (samples/s as the benchmark reports it); None without."""
-    return statistics.fmean(rate for _, rate in result.throughputs) if result.throughputs else None
+def _rate(result: ResultLog) -> tuple[ResultRate, list[str]]:
+    """samples/s: the mean of the log's own throughput lines (as the benchmark reports it), divided by
+    max_sequence_length where their step counts tokens (NVIDIA's gpt3 callback logs tokens/s); None
+    without lines, or where a token rate cannot be checked against the run's count over its time."""
+    if not result.throughputs:
+        return ResultRate(None, None), []
+    mean = statistics.fmean(logged.rate for logged in result.throughputs)
+    batch = _token_batch(result)
+    if batch is None:
+        return ResultRate(mean, RATE_SOURCE), []
+    return _from_token_rate(result, mean, batch)
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """A step of a log that counts tokens: global_batch_size sequences of max_sequence_length tokens."""
+
+    samples: int
+    seq_length: int
+
+    @property
+    def tokens(self) -> int:
+        return self.samples * self.seq_length
+
+
+def _token_batch(result: ResultLog) -> TokenBatch | None:
+    """The log's batch where every throughput line's step is a whole number of batches of tokens
+    (gpt3's logs count tokens, as its eval_accuracy epoch_num does); None where a step counts samples
+    (llama31_8b: 172,032 is no multiple of 32 x 8192) or the log does not say."""
+    seq_length = plausible_count(result.values.get("max_sequence_length"))[0]
+    samples = _stated_batch(result.values.get("global_batch_size"))
+    steps = [logged.step for logged in result.throughputs if is_int(logged.step)]
+    if seq_length is None or seq_length == 1 or samples is None or not steps:
+        return None
+    batch = TokenBatch(samples, seq_length)
+    return batch if all(step > 0 and step % batch.tokens == 0 for step in steps) else None
+
+
+def _from_token_rate(result: ResultLog, mean: float, batch: TokenBatch) -> tuple[ResultRate, list[str]]:
+    """A rate in tokens/s as samples/s, checked first against the tokens its last line counts since run_start."""
+    last = max((logged for logged in result.throughputs if is_int(logged.step)), key=lambda logged: logged.time_ms)
+    counted = (f"its step counts tokens: {last.step:,} = {last.step // batch.tokens:,} x global_batch_size "
+               f"{batch.samples} x max_sequence_length {batch.seq_length}")
+    seconds = (last.time_ms - result.run_start_ms) / 1000 if result.run_start_ms is not None else 0.0
+    if seconds <= 0:
+        return ResultRate(None, None), [f"the log's throughput is tokens/s ({counted}), but no run_start before it "
+                                        "dates that count: samples/s not given"]
+    over_run = last.step / seconds
+    if not 1 / RATE_AGREEMENT <= mean / over_run <= RATE_AGREEMENT:
+        return ResultRate(None, None), [f"the log's throughput {mean:,.0f}/s looks like tokens/s ({counted}), but "
+                                        f"that is {over_run:,.0f} tokens/s over the {seconds:,.0f} s since run_start: "
+                                        "its unit is not known, samples/s not given"]
+    return ResultRate(mean / batch.seq_length, TOKEN_RATE_SOURCE), [
+        f"the log's throughput {mean:,.0f}/s is tokens/s ({counted}, {over_run:,.0f} tokens/s over the {seconds:,.0f} "
+        f"s since run_start): samples/s is it divided by max_sequence_length, {mean / batch.seq_length:,.2f}"]
 
 
 def _notes(result: ResultLog, error: str | None) -> list[str]:
