@@ -38,6 +38,8 @@ RULESET_V5 = "5.0.0"
 V41, V51 = DATA / "v4.1", DATA / "v5.1"  # single runs of v4.1 and v5.1 submissions, in the repository's layout
 EOS_GPT3 = V41 / "NVIDIA" / "results" / "eos_n64_ngc24.09_nemo" / "gpt3"  # NVIDIA's gpt3: throughput in tokens/s
 AMD_LLAMA8B = V51 / "AMD" / "results" / "MI355X_EPYC_9575F_pytorch" / "llama31_8b"  # states max_sequence_length
+THEIA_8 = V51 / "NVIDIA" / "results" / "theia_ngpu8_ngc25.09_nemo" / "llama2_70b_lora"  # 2 x 4 GB300, "2xNVIDIA GB200"
+AZURE_512 = V41 / "Azure" / "results" / "ND_H200_v5_n64_nemo" / "llama2_70b_lora"  # 64 x 8 H200, "64xND_H200_v5"
 
 
 def run_import(capsys, *inputs, out: Path, extra=(), ruleset=RULESET) -> tuple[int, str]:
@@ -448,20 +450,22 @@ def test_file_names_in_messages_are_printable(capsys, tmp_path):
 
 
 def test_runs_of_one_label_on_different_node_counts_are_never_one_group(capsys, tmp_path):
-    """16 GPUs as 2 nodes of 8 and as 4 nodes of 4 are two systems, even under one label."""
+    """16 GPUs as 2 nodes of 8 and as 4 nodes of 4 are two systems, even under one label (Google's logs
+    name no nodes: its platform is "tpu-v5p")."""
     for gpus_per_node in (8, 4):
-        code, err = run_import(capsys, ASUS, out=tmp_path / f"per-node-{gpus_per_node}",
+        code, err = run_import(capsys, GOOGLE, out=tmp_path / f"per-node-{gpus_per_node}",
                                extra=("--num-gpus", 16, "--gpus-per-node", gpus_per_node, "--label", "same"))
         assert code == 0, err
     assert main(["report", str(tmp_path), "--format", "json"]) == 0
     captured = capsys.readouterr()
     groups = json.loads(captured.out)["time_to_train"]
     assert sorted((g["num_nodes"], g["num_gpus"], g["time_to_train_minutes"]["runs"]) for g in groups) == [
-        (2, 16, 10), (4, 16, 10)]
+        (2, 16, 3), (4, 16, 3)]
     # the same files, imported twice as two sizes: said of each group
-    assert ("note: llama2_70b_lora on same, ESC_N8A-E12 (2 node(s), 16 GPUs): 10 of its result files (e.g. "
-            f"{ASUS / 'result_0.txt'}) have the bytes of result files reported under same on ESC_N8A-E12 (4 node(s), "
-            "16 GPUs): the same runs, imported as two systems or sizes") in captured.err
+    assert ("note: gpt3 on same, cloud-tpu-v5p-1024-maxtext (2 node(s), 16 GPUs): 3 of its result files (e.g. "
+            f"{GOOGLE / 'result_0.txt'}) have the bytes of result files reported under same on "
+            "cloud-tpu-v5p-1024-maxtext (4 node(s), 16 GPUs): the same runs, imported as two systems or sizes") \
+        in captured.err
 
 
 def test_the_speedup_baseline_is_the_fewest_nodes_of_one_system_family():
@@ -741,3 +745,49 @@ def test_a_token_rate_its_own_count_contradicts_gives_no_samples_per_s(capsys, t
     (summary,) = summaries(tmp_path / "out").values()
     assert summary["throughput"]["samples_per_s"] is None and summary["throughput"]["rate_source"] is None
     assert "looks like tokens/s" in err and "its unit is not known, samples/s not given" in err
+
+
+def flat_copy(folder: Path, name: str, tmp_path: Path) -> Path:
+    """A result file byte for byte in ``<system>/<benchmark>/`` with no systems/ around it: only its log counts."""
+    target = tmp_path / folder.parent.name / folder.name / name
+    target.parent.mkdir(parents=True)
+    shutil.copyfile(folder / name, target)
+    return target
+
+
+def test_num_gpus_is_spread_over_the_nodes_the_platform_names(capsys, tmp_path):
+    theia, azure = flat_copy(THEIA_8, "result_0.txt", tmp_path), flat_copy(AZURE_512, "result_3.txt", tmp_path)
+    for log, given, nodes, platform in ((theia, 8, 2, "2xNVIDIA GB200"), (azure, 512, 64, "64xND_H200_v5")):
+        assert keys_of(log)["submission_platform"].value["value"] == platform
+        code, err = run_import(capsys, log, out=tmp_path / f"out-{given}", ruleset="5.1.0",
+                               extra=("--num-gpus", given))
+        assert code == 0, err
+        (summary,) = summaries(tmp_path / f"out-{given}").values()
+        assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (nodes, given)
+        assert summary["time_to_train"]["counts_from"] == "--num-gpus"
+        assert (f"{given} accelerators as given, on the {nodes} node(s) of the log's submission_platform "
+                f"'{platform}' ({given // nodes} per node)") in err
+    described = json.loads((THEIA_8.parent.parent.parent / "systems" / f"{THEIA_8.parent.name}.json").read_text())
+    assert (described["number_of_nodes"], described["accelerators_per_node"]) == ("2", "4")  # as published
+
+
+def test_num_gpus_that_does_not_fit_the_platforms_nodes_is_refused_naming_both(capsys, tmp_path):
+    theia, azure = flat_copy(THEIA_8, "result_0.txt", tmp_path), flat_copy(AZURE_512, "result_3.txt", tmp_path)
+    for log, given, platform in ((azure, ("--num-gpus", "8"), "'64xND_H200_v5': 64 node(s)"),
+                                 (azure, ("--num-gpus", "100", "--gpus-per-node", "8"), "'64xND_H200_v5': 64 node(s)"),
+                                 (theia, ("--num-gpus", "3"), "'2xNVIDIA GB200': 2 node(s)"),
+                                 (theia, ("--num-gpus", "8", "--gpus-per-node", "8"), "'2xNVIDIA GB200': 2 node(s)")):
+        code, err = run_import(capsys, log, out=tmp_path / "out", ruleset="5.1.0", extra=given)
+        assert code == 2 and len(err.splitlines()) == 1, err
+        shown = " and ".join(f"{given[i]} {given[i + 1]}" for i in range(0, len(given), 2))
+        assert f"{shown} {'contradicts' if len(given) == 2 else 'contradict'} the log's submission_platform " \
+               f"{platform}" in err
+    assert not list(tmp_path.rglob("summary.json"))
+    code, err = run_import(capsys, azure, out=tmp_path / "out", ruleset="5.1.0",
+                           extra=("--num-gpus", "512", "--gpus-per-node", "8"))
+    assert code == 0, err
+    # in its submission, systems/ counts it: a --gpus-per-node that contradicts that is refused too
+    code, err = run_import(capsys, THEIA_8 / "result_0.txt", out=tmp_path / "in-layout", ruleset="5.1.0",
+                           extra=("--gpus-per-node", "8"))
+    assert code == 2 and "--gpus-per-node 8 contradicts systems/theia_ngpu8_ngc25.09_nemo.json: 2 node(s), 8 " \
+                         "accelerators" in err

@@ -15,7 +15,7 @@ from typing import Any
 from nemo_throughput.errors import ReportError
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
-from nemo_throughput.importers import mlperf, notice
+from nemo_throughput.importers import DEFAULT_GPUS_PER_NODE, mlperf, notice
 from nemo_throughput.importers.logs import FORMATS, Imported, import_run
 from nemo_throughput.outputs import check_output_dir, check_output_file
 from nemo_throughput.presets import PRESETS, preset
@@ -48,7 +48,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports.add_argument("--seq-length", type=int, help="required, except with --format mlperf")
     imports.add_argument("--num-gpus", type=int, help="required, except with --format mlperf (there: only for logs "
                                                       "that do not state their accelerators)")
-    imports.add_argument("--gpus-per-node", type=int, default=8, help="to count the nodes (default 8)")
+    imports.add_argument("--gpus-per-node", type=int, help=f"to count the nodes (default {DEFAULT_GPUS_PER_NODE}; "
+                                                           "--format mlperf: the nodes of the log's "
+                                                           "submission_platform, e.g. 18xNVIDIA GB200, where it "
+                                                           "names them)")
     imports.add_argument("--rank", help="the rank to read where several print (srun --label / torchrun prefix "
                                         "number, e.g. 0 or 1/7; default: the lowest)")
     imports.add_argument("--window", help="steps that count, e.g. 35:45, -10: or last (default: all after the "
@@ -115,6 +118,8 @@ Written = list[tuple[Path, dict, Callable[[Path], None]]]  # (summary path, summ
 
 def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
     _require(args, "label", "seq_length", "num_gpus")
+    if args.gpus_per_node is None:
+        args.gpus_per_node = DEFAULT_GPUS_PER_NODE
     spec, model_name = _model(args)
     _check_arguments(args)
     window = Window.parse(args.window) if args.window else None

@@ -25,6 +25,7 @@ from typing import Any
 
 from nemo_throughput.environment import package_version
 from nemo_throughput.errors import ReportError
+from nemo_throughput.importers import DEFAULT_GPUS_PER_NODE
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.summary import ResultRate, build_summary
@@ -522,8 +523,8 @@ class Scale:
 
 def _scale(path: Path, result: ResultLog, system: SystemFile | None, given: int | None,
            gpus_per_node: int | None) -> tuple[Scale, list[str]]:
-    """The systems file's counts, else the log's; ``given`` only where neither states them. A count
-    the log states that is no plausible count is never taken, and said."""
+    """The systems file's counts, else the log's; ``given`` (on the platform's nodes) only where neither
+    states them. A count the log states that is no plausible count is never taken, and said."""
     notes = result.count_notes()
     if system is not None:
         stated = Scale(system.num_nodes, system.num_accelerators, system.shown)
@@ -538,14 +539,39 @@ def _scale(path: Path, result: ResultLog, system: SystemFile | None, given: int 
                           "number_of_nodes / accelerators_per_node, no systems/<system>.json beside results/"
                           f"{''.join(f'; {note}' for note in notes)}) (give --num-gpus)")
     else:
-        nodes = -(-given // gpus_per_node) if gpus_per_node else 1
-        return Scale(nodes, given, "--num-gpus"), [*notes, f"{given} GPUs as given (the log does not state its "
-                                                             "accelerators)"]
-    if given is not None and given != stated.num_accelerators:
-        raise ReportError(f"{printable(path)}: --num-gpus {given} contradicts {stated.source}: {stated.num_nodes} "
-                          f"node(s), {stated.num_accelerators} accelerators (leave --num-gpus out: it is only for "
-                          "logs that do not state their accelerators)")
+        scale, note = _given_scale(path, result, given, gpus_per_node)
+        return scale, [*notes, note]
+    if (given is not None and given != stated.num_accelerators) or \
+            (gpus_per_node is not None and gpus_per_node * stated.num_nodes != stated.num_accelerators):
+        raise ReportError(f"{printable(path)}: {_given_contradict(given, gpus_per_node)} {stated.source}: "
+                          f"{stated.num_nodes} node(s), {stated.num_accelerators} accelerators (leave them out: "
+                          "they are only for logs that do not state their accelerators)")
     return stated, notes
+
+
+def _given_scale(path: Path, result: ResultLog, given: int, gpus_per_node: int | None) -> tuple[Scale, str]:
+    """--num-gpus on the nodes the log's submission_platform names (``18xNVIDIA GB200``: 18), where it
+    names them, and a count that does not fit them refused; else on nodes of --gpus-per-node."""
+    nodes = _platform_nodes(result.platform)
+    if nodes is None:
+        per_node = gpus_per_node or DEFAULT_GPUS_PER_NODE
+        nodes = -(-given // per_node)
+        return Scale(nodes, given, "--num-gpus"), (f"{given} accelerators as given, on {nodes} node(s) of {per_node} "
+                                                   "(the log does not state its accelerators or nodes)")
+    platform = f"submission_platform {printable(repr(result.platform))}"
+    if given % nodes or (gpus_per_node is not None and gpus_per_node * nodes != given):
+        raise ReportError(f"{printable(path)}: {_given_contradict(given, gpus_per_node)} the log's "
+                          f"{platform}: {nodes} node(s) (give a --num-gpus that is {nodes} x the accelerators per "
+                          "node)")
+    return Scale(nodes, given, "--num-gpus"), (f"{given} accelerators as given, on the {nodes} node(s) of the log's "
+                                               f"{platform} ({given // nodes} per node)")
+
+
+def _given_contradict(given: int | None, gpus_per_node: int | None) -> str:
+    """The counts the user gave, as given on the command line, and the verb: ``--num-gpus 8 contradicts``."""
+    shown = [f"--{option} {value}" for option, value in (("num-gpus", given), ("gpus-per-node", gpus_per_node))
+             if value is not None]
+    return f"{' and '.join(shown)} {'contradicts' if len(shown) == 1 else 'contradict'}"
 
 
 def _disagreement(result: ResultLog, system: SystemFile) -> list[str]:
