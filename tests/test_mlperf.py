@@ -39,6 +39,7 @@ V41, V51 = DATA / "v4.1", DATA / "v5.1"  # single runs of v4.1 and v5.1 submissi
 EOS_GPT3 = V41 / "NVIDIA" / "results" / "eos_n64_ngc24.09_nemo" / "gpt3"  # NVIDIA's gpt3: throughput in tokens/s
 AMD_LLAMA8B = V51 / "AMD" / "results" / "MI355X_EPYC_9575F_pytorch" / "llama31_8b"  # states max_sequence_length
 THEIA_8 = V51 / "NVIDIA" / "results" / "theia_ngpu8_ngc25.09_nemo" / "llama2_70b_lora"  # 2 x 4 GB300, "2xNVIDIA GB200"
+LAMBDA_72 = V51 / "Lambda" / "results" / "gb300_n18_ngc25.04_nemo" / "llama2_70b_lora"  # placeholders in the log
 AZURE_512 = V41 / "Azure" / "results" / "ND_H200_v5_n64_nemo" / "llama2_70b_lora"  # 64 x 8 H200, "64xND_H200_v5"
 
 
@@ -791,3 +792,55 @@ def test_num_gpus_that_does_not_fit_the_platforms_nodes_is_refused_naming_both(c
                            extra=("--gpus-per-node", "8"))
     assert code == 2 and "--gpus-per-node 8 contradicts systems/theia_ngpu8_ngc25.09_nemo.json: 2 node(s), 8 " \
                          "accelerators" in err
+
+
+PLACEHOLDERS = ('"submitter":"UNKNOWN_MLPERF_SUBMITTER"', '"system_name":"UNKNOWN_MLPERF_SYSTEM_NAME"',
+                '"value": "SUBMISSION_ORG_PLACEHOLDER"', '"value": "18xSUBMISSION_PLATFORM_PLACEHOLDER"')
+
+
+def test_placeholder_names_in_a_log_name_no_submitter_or_system(capsys, tmp_path):
+    log = flat_copy(LAMBDA_72, "result_9.txt", tmp_path)  # Lambda's real log, written by NVIDIA's scripts
+    assert all(placeholder in log.read_text(encoding="latin-1") for placeholder in PLACEHOLDERS)
+    code, err = run_import(capsys, log, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    ttt = summary["time_to_train"]
+    assert summary["run"]["label"] == "gb300_n18_ngc25.04_nemo"  # its <system> folder, not UNKNOWN_MLPERF_SYSTEM_NAME
+    assert ttt["submitter"] is None and ttt["platform"] == "18xSUBMISSION_PLATFORM_PLACEHOLDER"  # the log's, as said
+    assert ttt["system"] == {"directory": "gb300_n18_ngc25.04_nemo", "name": None, "accelerator": "NVIDIA GB300",
+                             "submitter": None}
+    assert summary["environment"]["system"]["submitter"] == "UNKNOWN_MLPERF_SUBMITTER"  # the :::SYSJSON line, kept
+    assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (18, 72)
+    # in its submission, the systems file names it
+    code, err = run_import(capsys, LAMBDA_72 / "result_9.txt", out=tmp_path / "in-layout", ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "in-layout").values()
+    assert summary["run"]["label"] == "Lambda_GB300_n18" and summary["time_to_train"]["system"]["submitter"] == "Lambda"
+
+
+def test_runs_of_submitters_that_log_placeholders_are_never_one_system_family(capsys, tmp_path):
+    """Two submitters' systems built with NVIDIA's scripts log the same placeholders: Lambda's 18 x 4 GB300,
+    and here a 9 x 4 one (its log with 9 nodes). Never one family: no speedup of one over the other."""
+    lambda_18 = flat_copy(LAMBDA_72, "result_9.txt", tmp_path / "a")
+    other_9 = _edited(lambda_18, tmp_path / "b" / "other_n9" / "llama2_70b_lora" / "result_1.txt",
+                      lambda text: text.replace('"number_of_nodes":"18"', '"number_of_nodes":"9"'))
+    code, err = run_import(capsys, lambda_18, other_9, out=tmp_path / "out", ruleset="5.1.0",
+                           extra=("--label", "same"))
+    assert code == 0, err
+    for older in (False, True):  # summaries of an older import kept the placeholders: read as unknown too
+        if older:
+            for path in (tmp_path / "out").rglob("summary.json"):
+                summary = json.loads(path.read_text())
+                summary["time_to_train"]["submitter"] = "SUBMISSION_ORG_PLACEHOLDER"
+                summary["time_to_train"]["system"]["name"] = "UNKNOWN_MLPERF_SYSTEM_NAME"
+                path.write_text(json.dumps(summary))
+        assert main(["report", str(tmp_path / "out"), "--format", "json"]) == 0
+        captured = capsys.readouterr()
+        groups = {g["num_nodes"]: g for g in json.loads(captured.out)["time_to_train"]}
+        assert set(groups) == {9, 18} and all(g["submitter"] is None for g in groups.values())
+        for group in groups.values():  # each compared with itself only
+            assert group["speedup"] == 1.0 and group["speedup_over"] == f"{group['system']} ({group['num_nodes']} " \
+                                                                         f"node(s), {group['num_gpus']} GPUs)"
+        assert ("not compared with other_n9 (9 node(s), 36 GPUs): a submitter or an accelerator is not stated, so no "
+                "system family is known") in captured.err
+        assert "one system family" not in captured.err

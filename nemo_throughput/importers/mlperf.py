@@ -30,14 +30,13 @@ from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.summary import ResultRate, build_summary
 from nemo_throughput.text import printable
-from nemo_throughput.values import is_int, is_number, whole_number
+from nemo_throughput.values import is_int, is_number, stated_name, whole_number
 
 NAME = "mlperf"
 USAGE = "training"
 RESULT_GLOB = "result_*.txt"  # result_summarizer's file pattern
 SYSJSON_TAG = ":::SYSJSON "
 MLLOG_TAG = ":::MLLOG "
-PLACEHOLDER = "PLACEHOLDER"  # reference code logs e.g. 2xSUBMISSION_PLATFORM_PLACEHOLDER, to be replaced by hand
 MAX_COUNT = 1_000_000  # nodes, or accelerators per node: more than any system has (a typo or a broken file)
 IS_ZERO = "is 0"
 COUNT_KEYS = ("number_of_nodes", "accelerators_per_node")
@@ -125,9 +124,9 @@ def read_system_file(path: Path) -> SystemFile:
                           f"{printable(error)}) (fix it: result_summarizer skips such a system too)") from error
     if not isinstance(desc, dict):
         raise ReportError(f"{printable(path)}: not a JSON object (give the submission's system description)")
-    system = SystemFile(path, _real(desc.get("system_name")), _count(desc, "number_of_nodes", path),
-                        _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")),
-                        _real(desc.get("submitter")))
+    system = SystemFile(path, stated_name(desc.get("system_name")), _count(desc, "number_of_nodes", path),
+                        _count(desc, "accelerators_per_node", path), stated_name(desc.get("accelerator_model_name")),
+                        stated_name(desc.get("submitter")))
     if system.num_accelerators > MAX_COUNT:
         raise ReportError(f"{printable(path)}: number_of_nodes {system.num_nodes} x accelerators_per_node "
                           f"{system.accelerators_per_node} is more than {MAX_COUNT:,} accelerators: not a plausible "
@@ -160,11 +159,6 @@ def plausible_count(value: Any) -> tuple[int | None, str | None]:
     if count > MAX_COUNT:
         return None, f"is more than {MAX_COUNT:,}: not a plausible count"
     return count, None
-
-
-def _real(value: Any) -> str | None:
-    """Text as stated, None for an empty one or a template's placeholder."""
-    return value if isinstance(value, str) and value.strip() and PLACEHOLDER not in value else None
 
 
 @dataclass
@@ -260,11 +254,11 @@ class ResultLog:
 
     @property
     def platform(self) -> str | None:
-        return _real(self.values.get("submission_platform"))
+        return stated_name(self.values.get("submission_platform"))
 
     @property
-    def system_name(self) -> str | None:
-        return _real(self.system.get("system_name")) or self.platform
+    def submitter(self) -> str | None:
+        return stated_name(self.system.get("submitter")) or stated_name(self.values.get("submission_org"))
 
 
 def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
@@ -388,7 +382,7 @@ def time_to_train(result: ResultLog) -> dict[str, Any]:
         "scaling_factor": scaling_factor(result.path.parent),
         "evals": result.evals,
         "epochs": result.epochs,
-        "submitter": result.values.get("submission_org"),
+        "submitter": stated_name(result.values.get("submission_org")),
         "division": result.values.get("submission_division"),
         "platform": result.values.get("submission_platform"),
     }
@@ -430,12 +424,12 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     scale, scale_notes = _scale(path, result, system, num_gpus, gpus_per_node)
     notes += scale_notes
     batch = result.values.get("global_batch_size")
+    record = system_record(path, result, system)
     facts = RunFacts(
-        name=name or path.stem, label=label or (system and system.name) or result.system_name or "unknown",
-        global_batch_size=_stated_batch(batch), micro_batch_size=None, seq_length=None, rate="samples",
+        name=name or path.stem, global_batch_size=_stated_batch(batch), micro_batch_size=None, seq_length=None,
+        label=label or record["name"] or result.platform or record["directory"] or "unknown", rate="samples",
         model_name=result.benchmark, model_spec=None, flops_formula=None, flops_per_sample=None,  # not in the log
-        gpu_name=gpu_name or (system and system.accelerator) or _real(result.system.get("accelerator_model_name"))
-        or "unknown", num_gpus=scale.num_accelerators,
+        gpu_name=gpu_name or record["accelerator"] or "unknown", num_gpus=scale.num_accelerators,
         num_nodes=scale.num_nodes, dtype=None, peak_tflops=None, peak_source=None, source=f"import:{NAME}",
         environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path.absolute()),
                      "imported_with": {"nemo-throughput": package_version()},
@@ -449,7 +443,7 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
         facts, RunStats(world_size=1, warmup_steps=0), status, error, result_rate=rate,
         time_to_train={**time_to_train(result), "ruleset_given": ruleset is not None,
                        "system_file": str(system.path) if system else None, "counts_from": scale.source,
-                       "system": system_record(path, result, system), "sha256": result.sha256, "notes": notes})
+                       "system": record, "sha256": result.sha256, "notes": notes})
     return summary, notes
 
 
@@ -462,9 +456,9 @@ def system_record(path: Path, result: ResultLog, system: SystemFile | None) -> d
     in_layout = folder.name == result.benchmark or system_file_path(path) is not None
     return {
         "directory": (folder.parent.name or None) if in_layout else None,
-        "name": (system and system.name) or _real(result.system.get("system_name")),
-        "accelerator": (system and system.accelerator) or _real(result.system.get("accelerator_model_name")),
-        "submitter": (system and system.submitter) or _real(result.values.get("submission_org")),
+        "name": (system and system.name) or stated_name(result.system.get("system_name")),
+        "accelerator": (system and system.accelerator) or stated_name(result.system.get("accelerator_model_name")),
+        "submitter": (system and system.submitter) or result.submitter,
     }
 
 
