@@ -844,3 +844,78 @@ def test_runs_of_submitters_that_log_placeholders_are_never_one_system_family(ca
         assert ("not compared with other_n9 (9 node(s), 36 GPUs): a submitter or an accelerator is not stated, so no "
                 "system family is known") in captured.err
         assert "one system family" not in captured.err
+
+
+def with_line_after(text: str, after_key: str, line: str) -> str:
+    """The log's text with ``line`` inserted after the first :::MLLOG line of ``after_key``."""
+    at = text.index(f'"key": "{after_key}"')
+    end = text.index("\n", at) + 1
+    return text[:end] + line + text[end:]
+
+
+def mllog_line(text: str, key: str) -> tuple[str, int]:
+    """The first whole line of ``key`` and its time_ms."""
+    (line,) = [line for line in text.splitlines(keepends=True) if f'"key": "{key}"' in line][:1]
+    return line, int(re.search(r'"time_ms": (\d+)', line).group(1))
+
+
+def summarizer_ends(path: Path) -> tuple[float, float]:
+    lines, _ = parse_file(str(path), ruleset="5.1.0")
+    return result_summarizer._query_run_start_stop(lines)
+
+
+def test_several_run_starts_count_from_the_last_before_run_stop_as_result_summarizer_does(capsys, tmp_path):
+    log = flat_copy(LAMBDA_72, "result_9.txt", tmp_path)
+
+    def restarted(text):  # a second run_start 20 s later, after the first evaluation
+        line, start = mllog_line(text, "run_start")
+        return with_line_after(text, "eval_accuracy", line.replace(str(start), str(start + 20_000)))
+
+    twice = _edited(log, tmp_path / "twice" / "llama2_70b_lora" / "result_1.txt", restarted)
+    code, err = run_import(capsys, log, twice, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    by_file = {s["environment"]["imported_from"]: s["time_to_train"] for s in summaries(tmp_path / "out").values()}
+    one, two = by_file[str(log)], by_file[str(twice)]
+    start, stop = summarizer_ends(twice)
+    assert two["run_start_ms"] == start == one["run_start_ms"] + 20_000 and two["run_stop_ms"] == stop
+    assert two["minutes"] == (stop - start) / 60 / 1000 == pytest.approx(one["minutes"] - 20 / 60)
+    assert two["converged"] and two["compliant"]
+    assert two["notes"] == [f"the log has 2 run_start lines: the time to train counts from the last one before the "
+                            f"first run_stop ({start:.0f} ms), as result_summarizer counts it"]
+    assert f"{twice}: warning: the log has 2 run_start lines" in err
+
+
+def test_several_run_stops_end_at_the_first_as_result_summarizer_does(capsys, tmp_path):
+    log = flat_copy(LAMBDA_72, "result_9.txt", tmp_path)
+
+    def stopped_early(text):  # an aborted run_stop 1 s after run_start, before the real one
+        line, stop = mllog_line(text, "run_stop")
+        _, start = mllog_line(text, "run_start")
+        early = re.sub(r'"status": "success"', '"status": "aborted"', line.replace(str(stop), str(start + 1000)))
+        return with_line_after(text, "run_start", early)
+
+    twice = _edited(log, tmp_path / "twice" / "llama2_70b_lora" / "result_1.txt", stopped_early)
+    code, err = run_import(capsys, twice, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    ttt = summary["time_to_train"]
+    start, stop = summarizer_ends(twice)
+    assert (ttt["run_start_ms"], ttt["run_stop_ms"], ttt["status"]) == (start, stop, "aborted") and stop == start + 1000
+    assert not ttt["converged"] and summary["status"] == "failed"
+    assert ttt["notes"][0] == (f"the log has 2 run_stop lines: the first ({stop:.0f} ms, status 'aborted') ends the "
+                               "time to train, as result_summarizer ends it")
+
+
+def test_an_aborted_run_whose_evaluations_reach_the_target_is_dropped_and_said_to_count_for_result_summarizer(
+        capsys, tmp_path):
+    log = flat_copy(LAMBDA_72, "result_9.txt", tmp_path)
+    aborted = _edited(log, tmp_path / "aborted" / "llama2_70b_lora" / "result_1.txt",
+                      lambda text: text.replace('"status": "success"', '"status": "aborted"'))
+    code, err = run_import(capsys, aborted, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    ttt = summary["time_to_train"]
+    assert ttt["status"] == "aborted" and ttt["compliant"] and not ttt["converged"]  # dropped from the olympic
+    start, stop = summarizer_ends(aborted)
+    assert f"result_summarizer would count it ({(stop - start) / 60000:.2f} min): it does not read run_stop's " \
+           "status, and the compliance check passes it" in err

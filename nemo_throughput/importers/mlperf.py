@@ -179,15 +179,46 @@ class LoggedRate:
 
 
 @dataclass
+class RunEnds:
+    """run_start and run_stop as result_summarizer takes them where a log has several: the last
+    run_start before the first run_stop, and that run_stop; how many of each the log has."""
+
+    start_ms: float | None = None
+    stop_ms: float | None = None
+    status: str | None = None  # the run_stop's metadata status: success or aborted
+    starts: int = 0
+    stops: int = 0
+
+    def add(self, key: str, time_ms: float, metadata: dict[str, Any]) -> None:
+        if key == "run_start":
+            self.starts += 1
+            if self.stop_ms is None or self.start_ms is None:
+                self.start_ms = time_ms
+        elif key == "run_stop":
+            self.stops += 1
+            if self.stop_ms is None:
+                self.stop_ms, self.status = time_ms, metadata.get("status")
+
+    def notes(self) -> list[str]:
+        """Which of several lines counted: the log does not say which run they were of."""
+        notes = []
+        if self.starts > 1:
+            notes.append(f"the log has {self.starts} run_start lines: the time to train counts from the last one before "
+                         f"the first run_stop ({self.start_ms:.0f} ms), as result_summarizer counts it")
+        if self.stops > 1:
+            notes.append(f"the log has {self.stops} run_stop lines: the first ({self.stop_ms:.0f} ms, status "
+                         f"{self.status!r}) ends the time to train, as result_summarizer ends it")
+        return notes
+
+
+@dataclass
 class ResultLog:
     """What one MLPerf result file states."""
 
     path: Path
     values: dict[str, Any]  # first value of each key (submission_*, global_batch_size, ...)
     system: dict[str, Any]  # the :::SYSJSON object, {} without one
-    run_start_ms: float | None
-    run_stop_ms: float | None
-    stop_status: str | None  # run_stop's metadata status: success or aborted
+    ends: RunEnds
     throughputs: list[LoggedRate]  # of the tracked_stats / throughput lines
     evals: list[dict[str, Any]]  # eval_accuracy: value, epoch_num / samples_count
     epochs: int
@@ -198,6 +229,18 @@ class ResultLog:
     @property
     def benchmark(self) -> str | None:
         return self.values.get("submission_benchmark")
+
+    @property
+    def run_start_ms(self) -> float | None:
+        return self.ends.start_ms
+
+    @property
+    def run_stop_ms(self) -> float | None:
+        return self.ends.stop_ms
+
+    @property
+    def stop_status(self) -> str | None:
+        return self.ends.status
 
     @property
     def minutes(self) -> float | None:
@@ -280,17 +323,15 @@ def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
 
 def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> ResultLog:
     values: dict[str, Any] = {}
-    start = stop = status = None
+    ends = RunEnds()
     throughputs: list[LoggedRate] = []
     evals: list[dict[str, Any]] = []
     epochs = 0
     for line in lines:
         key, value, metadata = line.key, line.value["value"], line.value["metadata"] or {}
         values.setdefault(key, value)
-        if key == "run_start" and start is None:
-            start = line.timestamp
-        elif key == "run_stop" and stop is None:
-            stop, status = line.timestamp, metadata.get("status")
+        if key in ("run_start", "run_stop"):
+            ends.add(key, line.timestamp, metadata)
         elif key in ("tracked_stats", "throughput"):
             rate = value.get("throughput") if isinstance(value, dict) else value
             if isinstance(rate, (int, float)) and rate > 0:
@@ -299,7 +340,7 @@ def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> Result
             evals.append({"value": value, **{k: metadata[k] for k in ("epoch_num", "samples_count") if k in metadata}})
         elif key == "epoch_start":
             epochs += 1
-    return ResultLog(path, values, _sysjson(path), start, stop, status, throughputs, evals, epochs, parse_errors)
+    return ResultLog(path, values, _sysjson(path), ends, throughputs, evals, epochs, parse_errors)
 
 
 def _sysjson(path: Path) -> dict[str, Any]:
@@ -652,7 +693,10 @@ def _from_token_rate(result: ResultLog, mean: float, batch: TokenBatch) -> tuple
 
 
 def _notes(result: ResultLog, error: str | None) -> list[str]:
-    notes = [f"{error}; not counted as a converged run"] if error else []
+    notes = [*result.ends.notes(), *([f"{error}; not counted as a converged run"] if error else [])]
+    if result.stop_status not in (None, "success") and result.minutes is not None and result.compliance.compliant:
+        notes.append(f"result_summarizer would count it ({result.minutes:.2f} min): it does not read run_stop's "
+                     "status, and the compliance check passes it (its evaluations reach the target)")
     if not result.compliance.compliant:
         shown = "; ".join(e.splitlines()[0] for e in result.compliance.errors[:3])
         notes.append(f"fails mlperf-logging's compliance check ({result.compliance.ruleset}): {shown}; "
