@@ -919,3 +919,39 @@ def test_an_aborted_run_whose_evaluations_reach_the_target_is_dropped_and_said_t
     start, stop = summarizer_ends(aborted)
     assert f"result_summarizer would count it ({(stop - start) / 60000:.2f} min): it does not read run_stop's " \
            "status, and the compliance check passes it" in err
+
+
+def test_a_linked_result_file_is_counted_and_scaled_as_the_folder_it_is_in(capsys, tmp_path):
+    mine = tmp_path / "mytheia" / "llama2_70b_lora"  # links to a published system's results, in a folder of mine
+    mine.mkdir(parents=True)
+    for name in ("result_0.txt", "result_1.txt"):
+        (mine / name).symlink_to((THEIA_8 / name).resolve())
+    (mine / "scaling.json").write_text('{"scaling_factor": 2.0}')  # not the one of the runs' folder: never read
+    code, err = run_import(capsys, mine, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    published = json.loads((THEIA_8 / "scaling.json").read_text())["scaling_factor"]  # 1.034722222222222
+    for summary in summaries(tmp_path / "out").values():
+        ttt = summary["time_to_train"]
+        assert ttt["system"]["directory"] == THEIA_8.parent.name and ttt["counts_from"] == \
+            f"systems/{THEIA_8.parent.name}.json"
+        assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (2, 8)
+        assert ttt["scaling_factor"] == published
+        source = Path(summary["environment"]["imported_from"])
+        assert source.parent == mine and source.is_symlink()  # where it was given
+        assert f"a link to {(THEIA_8 / source.name).resolve()}: the systems file and scaling.json are those of its " \
+               "folder" in ttt["notes"]
+    (group,) = report_json(capsys, tmp_path / "out")["time_to_train"]
+    assert group["time_to_train_minutes"]["scaling_factor"] == published and group["time_to_train_minutes"]["runs"] == 2
+
+
+def test_a_link_to_a_result_file_beside_it_is_imported_once(capsys, tmp_path):
+    folder = tmp_path / THEIA_8.parent.name / THEIA_8.name
+    folder.mkdir(parents=True)
+    shutil.copyfile(THEIA_8 / "result_1.txt", folder / "result_1.txt")
+    (folder / "result_0.txt").symlink_to("result_1.txt")  # first in name order
+    shutil.copyfile(THEIA_8 / "result_0.txt", folder / "result_2.txt")
+    code, err = run_import(capsys, folder, out=tmp_path / "out", ruleset="5.1.0", extra=("--num-gpus", "8"))
+    assert code == 0, err
+    assert set(summaries(tmp_path / "out")) == {"result_1", "result_2"}
+    assert (f"nemo-throughput import: warning: {folder / 'result_0.txt'} is a link to {folder / 'result_1.txt'}: the "
+            "same run, imported once") in err

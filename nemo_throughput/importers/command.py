@@ -150,7 +150,7 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
         value = getattr(args, option)
         if value is not None and mlperf.plausible_count(value)[0] is None:
             raise ReportError(f"--{option.replace('_', '-')} {value}: give a count from 1 to {mlperf.MAX_COUNT:,}")
-    files = mlperf.result_files(args.logs)
+    files, links = mlperf.result_files(args.logs)
     imported = []
     for path, name in zip(files, output_names(files), strict=True):
         progress["at"] = str(path)
@@ -159,7 +159,7 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
                                           orchestrator=args.orchestrator, gpu_name=args.gpu_name)
         imported.append((_summary_path(args.output_dir, name), summary))
     mlperf.note_byte_copies([summary for _, summary in imported])
-    once = () if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary in imported]),)
+    once = (*links, *(() if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary in imported]),)))
     return [(path, summary, functools.partial(say_mlperf_imported, summary=summary,
                                               notes=summary["time_to_train"]["notes"], once=once if i == 0 else ()))
             for i, (path, summary) in enumerate(imported)]

@@ -63,10 +63,12 @@ def rulesets() -> list[str]:
     return sorted(compliance.rule_choices(), key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True)
 
 
-def result_files(paths: list[Path]) -> list[Path]:
+def result_files(paths: list[Path]) -> tuple[list[Path], list[str]]:
     """Files as given; directories expand to the ``result_*.txt`` files under them, in name order
-    (a submitter folder, with ``results/`` and ``systems/``: those of ``results/<system>/<benchmark>/``)."""
+    (a submitter folder, with ``results/`` and ``systems/``: those of ``results/<system>/<benchmark>/``),
+    each run once; and a note per link left out as the same run as a file found beside it."""
     found: list[Path] = []
+    notes: list[str] = []
     for path in paths:
         if not path.exists():
             raise ReportError(f"{printable(path)}: no such file or directory (check the path)")
@@ -75,10 +77,23 @@ def result_files(paths: list[Path]) -> list[Path]:
             if not inside:
                 raise ReportError(f"{printable(path)}: no MLPerf result files ({RESULT_GLOB}) under it (give the "
                                   "result files or the directory that holds them)")
+            inside, links = _each_run_once(inside)
             found.extend(inside)
+            notes.extend(links)
         else:
             found.append(path)
-    return found
+    return found, notes
+
+
+def _each_run_once(files: list[Path]) -> tuple[list[Path], list[str]]:
+    """A directory's result files, a link among them to another of them (result_1.txt -> result_2.txt)
+    left out, as is a second link to one file: the same run, imported once, and said."""
+    kept: dict[Path, Path] = {}
+    for file in sorted(files, key=Path.is_symlink):  # the files themselves before the links to them
+        kept.setdefault(file.resolve(), file)
+    notes = [f"{printable(file)} is a link to {printable(kept[file.resolve()])}: the same run, imported once"
+             for file in files if kept[file.resolve()] != file]
+    return sorted(kept.values()), notes
 
 
 def _is_submitter(folder: Path) -> bool:
@@ -107,9 +122,9 @@ class SystemFile:
 
 
 def system_file_path(result: Path) -> Path | None:
-    """``<submitter>/systems/<system>.json`` of a result at ``<submitter>/results/<system>/<benchmark>/``
-    (result_summarizer's rule); None for a result outside that layout."""
-    system_dir = result.resolve().parent.parent
+    """``<submitter>/systems/<system>.json`` of a result (its resolved path) at
+    ``<submitter>/results/<system>/<benchmark>/`` (result_summarizer's rule); None outside that layout."""
+    system_dir = result.parent.parent
     if system_dir.parent.name != "results":
         return None
     return system_dir.parent.parent / "systems" / f"{system_dir.name}.json"
@@ -407,8 +422,8 @@ def _platform_nodes(platform: str | None) -> int | None:
     return plausible_count(count)[0] if sep else None
 
 
-def time_to_train(result: ResultLog) -> dict[str, Any]:
-    """The summary's time_to_train section."""
+def time_to_train(result: ResultLog, folder: Path) -> dict[str, Any]:
+    """The summary's time_to_train section; ``folder``: the one that holds the result file (resolved)."""
     return {
         "benchmark": result.benchmark,
         "run_start_ms": result.run_start_ms,
@@ -420,7 +435,7 @@ def time_to_train(result: ResultLog) -> dict[str, Any]:
         "compliance_errors": result.compliance.errors,
         "ruleset": result.compliance.ruleset,
         "required_runs": required_runs(result.benchmark),
-        "scaling_factor": scaling_factor(result.path.parent),
+        "scaling_factor": scaling_factor(folder),
         "evals": result.evals,
         "epochs": result.epochs,
         "submitter": stated_name(result.values.get("submission_org")),
@@ -461,11 +476,14 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     result = read_result(path, ruleset)
     if result.benchmark is None:
         raise ReportError(f"{printable(path)}: no submission_benchmark line (give an MLPerf Training result file)")
-    system, notes = _system_file(path)
+    real = path.resolve()  # a link's system, counts and scaling.json are those of the folder of the file it links to
+    system, notes = _system_file(real)
+    if path.is_symlink():
+        notes.append(f"a link to {printable(real)}: the systems file and scaling.json are those of its folder")
     scale, scale_notes = _scale(path, result, system, num_gpus, gpus_per_node)
     notes += scale_notes
     batch = result.values.get("global_batch_size")
-    record = system_record(path, result, system)
+    record = system_record(real, result, system)
     facts = RunFacts(
         name=name or path.stem, global_batch_size=_stated_batch(batch), micro_batch_size=None, seq_length=None,
         label=label or record["name"] or result.platform or record["directory"] or "unknown", rate="samples",
@@ -482,7 +500,7 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     notes += rate_notes
     summary = build_summary(
         facts, RunStats(world_size=1, warmup_steps=0), status, error, result_rate=rate,
-        time_to_train={**time_to_train(result), "ruleset_given": ruleset is not None,
+        time_to_train={**time_to_train(result, real.parent), "ruleset_given": ruleset is not None,
                        "system_file": str(system.path) if system else None, "counts_from": scale.source,
                        "system": record, "sha256": result.sha256, "notes": notes})
     return summary, notes
@@ -490,10 +508,10 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
 
 def system_record(path: Path, result: ResultLog, system: SystemFile | None) -> dict[str, str | None]:
     """Which system ran it, as result_summarizer names one: the ``<system>`` directory of
-    ``results/<system>/<benchmark>/result_*.txt``, or of ``<system>/<benchmark>/`` where the folder
-    is named after the log's benchmark (else None), and the systems file's name, accelerator and
-    submitter, else the log's."""
-    folder = path.resolve().parent
+    ``results/<system>/<benchmark>/result_*.txt`` (``path``: the resolved result file), or of
+    ``<system>/<benchmark>/`` where the folder is named after the log's benchmark (else None), and the
+    systems file's name, accelerator and submitter, else the log's."""
+    folder = path.parent
     in_layout = folder.name == result.benchmark or system_file_path(path) is not None
     return {
         "directory": (folder.parent.name or None) if in_layout else None,
