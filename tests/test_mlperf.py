@@ -955,3 +955,12 @@ def test_a_link_to_a_result_file_beside_it_is_imported_once(capsys, tmp_path):
     assert set(summaries(tmp_path / "out")) == {"result_1", "result_2"}
     assert (f"nemo-throughput import: warning: {folder / 'result_0.txt'} is a link to {folder / 'result_1.txt'}: the "
             "same run, imported once") in err
+
+
+def test_the_line_printed_per_file_says_accelerators_as_a_tpu_is_no_gpu(capsys, tmp_path):
+    code = main(["import", "--format", "mlperf", str(GOOGLE / "result_0.txt"), "--num-gpus", "1024", "--output-dir",
+                 str(tmp_path), "--ruleset", RULESET])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "result_0/summary.json: gpt3 on tpu-v5p (1024 accelerators), " in captured.out and "GPU" not in captured.out
+    assert "1024 accelerators as given, on 128 node(s) of 8" in captured.err and "GPU" not in captured.err

@@ -311,6 +311,6 @@ def say_mlperf_imported(target: Path, summary: dict[str, Any], notes: list[str],
     minutes = f"{ttt['minutes']:.2f} min" if ttt["minutes"] is not None else "no time to train"
     rate = summary["throughput"]["samples_per_s"]
     print(f"{printable(target)}: {ttt['benchmark']} on {printable(summary['run']['label'])} "
-          f"({summary['hardware']['num_gpus']} GPUs), {minutes}, {ttt['status'] or 'no status'}, "
+          f"({summary['hardware']['num_gpus']} accelerators), {minutes}, {ttt['status'] or 'no status'}, "
           f"{'compliant' if ttt['compliant'] else 'NOT compliant'} ({ttt['ruleset']})"
           + (f", {rate:,.4g} samples/s" if rate is not None else ""))
