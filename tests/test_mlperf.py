@@ -964,3 +964,18 @@ def test_the_line_printed_per_file_says_accelerators_as_a_tpu_is_no_gpu(capsys, 
     assert code == 0, captured.err
     assert "result_0/summary.json: gpt3 on tpu-v5p (1024 accelerators), " in captured.out and "GPU" not in captured.out
     assert "1024 accelerators as given, on 128 node(s) of 8" in captured.err and "GPU" not in captured.err
+
+
+def test_a_run_stop_without_a_status_is_said_to_state_none(capsys, tmp_path):
+    log = flat_copy(THEIA_8, "result_0.txt", tmp_path)
+    text = log.read_text(encoding="latin-1")
+    (line,) = [line for line in text.splitlines() if '"key": "run_stop"' in line]
+    assert '"status": "success"' in line
+    silent = _edited(log, tmp_path / "silent" / "llama2_70b_lora" / "result_0.txt",
+                     lambda text: text.replace(line, re.sub(r', "status": "success"', "", line)))
+    code, err = run_import(capsys, silent, out=tmp_path / "out", ruleset="5.1.0", extra=("--num-gpus", "8"))
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    assert summary["time_to_train"]["status"] is None and summary["status"] == "failed"
+    assert summary["error"] == "run_stop states no status: whether the target quality was reached is not known"
+    assert "target quality was not reached" not in err and not summary["time_to_train"]["compliant"]

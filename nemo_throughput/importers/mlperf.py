@@ -648,6 +648,8 @@ def _status(result: ResultLog) -> tuple[str, str | None]:
     if result.minutes is None:
         return "failed", (f"run_stop ({result.run_stop_ms:.0f} ms) is before run_start ({result.run_start_ms:.0f} "
                           "ms): no time to train to count")
+    if result.stop_status is None:
+        return "failed", "run_stop states no status: whether the target quality was reached is not known"
     if result.stop_status != "success":
         return "failed", f"run_stop status {result.stop_status!r}: the target quality was not reached"
     return "completed", None
