@@ -979,3 +979,26 @@ def test_a_run_stop_without_a_status_is_said_to_state_none(capsys, tmp_path):
     assert summary["time_to_train"]["status"] is None and summary["status"] == "failed"
     assert summary["error"] == "run_stop states no status: whether the target quality was reached is not known"
     assert "target quality was not reached" not in err and not summary["time_to_train"]["compliant"]
+
+
+def test_lines_that_several_ranks_print_alike_are_one_event(capsys, tmp_path):
+    log = flat_copy(THEIA_8, "result_0.txt", tmp_path)
+
+    def from_two_ranks(text):  # srun -l: each :::MLLOG line from ranks 0 and 1
+        return "".join(f"0: {line}1: {line}" if line.startswith(":::MLLOG") else line
+                       for line in text.splitlines(keepends=True))
+
+    twice = _edited(log, tmp_path / "twice" / "llama2_70b_lora" / "result_0.txt", from_two_ranks)
+    code, err = run_import(capsys, log, twice, out=tmp_path / "out", ruleset="5.1.0", extra=("--num-gpus", "8"))
+    assert code == 0, err
+    by_file = {s["environment"]["imported_from"]: s["time_to_train"] for s in summaries(tmp_path / "out").values()}
+    once, doubled = by_file[str(log)], by_file[str(twice)]
+    lines, _ = parse_file(str(log), ruleset="5.1.0")
+    evals = [line for line in lines if line.key == "eval_accuracy"]
+    assert len(doubled["evals"]) == len(once["evals"]) == len(evals) == 5
+    assert (doubled["minutes"], doubled["epochs"], doubled["status"]) == (once["minutes"], once["epochs"], "success")
+    assert not any("run_start lines" in note for note in doubled["notes"])  # one run_start, printed twice
+    read = ("run_start", "run_stop", "tracked_stats", "throughput", "eval_accuracy", "epoch_start")
+    (note,) = [note for note in doubled["notes"] if "repeat an earlier line exactly" in note]
+    assert note.startswith(f"{sum(line.key in read for line in lines)} :::MLLOG line(s) of {', '.join(read)} repeat")
+    assert not any("repeat an earlier line" in note for note in once["notes"])

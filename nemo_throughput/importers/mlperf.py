@@ -40,6 +40,7 @@ MLLOG_TAG = ":::MLLOG "
 MAX_COUNT = 1_000_000  # nodes, or accelerators per node: more than any system has (a typo or a broken file)
 IS_ZERO = "is 0"
 COUNT_KEYS = ("number_of_nodes", "accelerators_per_node")
+READ_KEYS = ("run_start", "run_stop", "tracked_stats", "throughput", "eval_accuracy", "epoch_start")  # counted here
 RATE_SOURCE = "log:tracked_stats.throughput"
 TOKEN_RATE_SOURCE = f"{RATE_SOURCE} / max_sequence_length"
 # A rate and the run's count over its time agree within this factor (the latter includes evaluation, which the
@@ -238,6 +239,7 @@ class ResultLog:
     evals: list[dict[str, Any]]  # eval_accuracy: value, epoch_num / samples_count
     epochs: int
     parse_errors: list[str]
+    repeated_lines: int = 0  # lines that repeat an earlier one exactly (one event printed by several ranks)
     compliance: Compliance = field(default_factory=lambda: Compliance("", False, []))
     sha256: str = ""  # of the file's bytes: a copy of another result is the same run
 
@@ -337,6 +339,7 @@ def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
 
 
 def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> ResultLog:
+    lines, repeats = _each_event_once(lines)
     values: dict[str, Any] = {}
     ends = RunEnds()
     throughputs: list[LoggedRate] = []
@@ -355,7 +358,22 @@ def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> Result
             evals.append({"value": value, **{k: metadata[k] for k in ("epoch_num", "samples_count") if k in metadata}})
         elif key == "epoch_start":
             epochs += 1
-    return ResultLog(path, values, _sysjson(path), ends, throughputs, evals, epochs, parse_errors)
+    return ResultLog(path, values, _sysjson(path), ends, throughputs, evals, epochs, parse_errors, repeats)
+
+
+def _each_event_once(lines: list[Any]) -> tuple[list[Any], int]:
+    """The lines, each that repeats an earlier one of the keys read here exactly (key, time, value and
+    metadata: one event printed by several ranks, as ``srun -l`` shows them) left out, and how many were."""
+    seen: set[str] = set()
+    kept = []
+    for line in lines:
+        if line.key in READ_KEYS:
+            event = json.dumps(line.value, sort_keys=True, default=str)
+            if event in seen:
+                continue
+            seen.add(event)
+        kept.append(line)
+    return kept, len(lines) - len(kept)
 
 
 def _sysjson(path: Path) -> dict[str, Any]:
@@ -723,4 +741,7 @@ def _notes(result: ResultLog, error: str | None) -> list[str]:
                      "report counts it as a dropped run")
     if result.parse_errors:
         notes.append(f"{len(result.parse_errors)} :::MLLOG line(s) could not be parsed")
+    if result.repeated_lines:
+        notes.append(f"{result.repeated_lines} :::MLLOG line(s) of {', '.join(READ_KEYS)} repeat an earlier line "
+                     "exactly (one event printed by several ranks, as srun -l shows them): each event counted once")
     return notes
