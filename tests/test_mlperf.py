@@ -1002,3 +1002,23 @@ def test_lines_that_several_ranks_print_alike_are_one_event(capsys, tmp_path):
     (note,) = [note for note in doubled["notes"] if "repeat an earlier line exactly" in note]
     assert note.startswith(f"{sum(line.key in read for line in lines)} :::MLLOG line(s) of {', '.join(read)} repeat")
     assert not any("repeat an earlier line" in note for note in once["notes"])
+
+
+def test_reading_a_large_result_file_takes_memory_that_does_not_grow_with_its_size(tmp_path):
+    import tracemalloc
+
+    from nemo_throughput.importers import mlperf
+
+    noisy = tmp_path / "result_0.txt"  # a real run, then 15 MB of NCCL-style lines, as a verbose job prints them
+    nccl = "node01:1234:5678 [0] NCCL INFO Channel 00/32 : 0[0] -> 1[1] via P2P/CUMEM/read " * 40 + "\n"
+    noisy.write_text((THEIA_8 / "result_0.txt").read_text(encoding="latin-1") + nccl * 5000, encoding="latin-1")
+    size = noisy.stat().st_size
+    assert size > 15 * 1024 ** 2
+    tracemalloc.start()
+    try:
+        result = mlperf.read_result(noisy, "5.1.0")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.sha256 == hashlib.sha256(noisy.read_bytes()).hexdigest() and result.minutes is not None
+    assert peak < size / 4, f"{peak:,} bytes at the peak to read {size:,}"

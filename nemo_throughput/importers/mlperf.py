@@ -40,6 +40,7 @@ MLLOG_TAG = ":::MLLOG "
 MAX_COUNT = 1_000_000  # nodes, or accelerators per node: more than any system has (a typo or a broken file)
 IS_ZERO = "is 0"
 COUNT_KEYS = ("number_of_nodes", "accelerators_per_node")
+HASH_CHUNK_BYTES = 1024 * 1024
 READ_KEYS = ("run_start", "run_stop", "tracked_stats", "throughput", "eval_accuracy", "epoch_start")  # counted here
 RATE_SOURCE = "log:tracked_stats.throughput"
 TOKEN_RATE_SOURCE = f"{RATE_SOURCE} / max_sequence_length"
@@ -334,8 +335,17 @@ def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
         raise ReportError(f"{printable(path)}: no `{MLLOG_TAG.strip()}` lines (give an MLPerf Training result file)")
     result = _from_lines(path, lines, [f"{error}: {line[:200]}" for line, error in failed])
     result.compliance = _check(path, result.benchmark, ruleset)
-    result.sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    result.sha256 = _sha256(path)
     return result
+
+
+def _sha256(path: Path) -> str:
+    """Of the file's bytes, read a chunk at a time: memory stays flat whatever the file's size."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> ResultLog:
