@@ -220,8 +220,8 @@ class RunEnds:
         """Which of several lines counted: the log does not say which run they were of."""
         notes = []
         if self.starts > 1:
-            notes.append(f"the log has {self.starts} run_start lines: the time to train counts from the last one before "
-                         f"the first run_stop ({self.start_ms:.0f} ms), as result_summarizer counts it")
+            notes.append(f"the log has {self.starts} run_start lines: the time to train counts from the last one "
+                         f"before the first run_stop ({self.start_ms:.0f} ms), as result_summarizer counts it")
         if self.stops > 1:
             notes.append(f"the log has {self.stops} run_stop lines: the first ({self.stop_ms:.0f} ms, status "
                          f"{self.status!r}) ends the time to train, as result_summarizer ends it")
@@ -500,7 +500,8 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
                   gpu_name: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """A schema-v1 summary of one MLPerf result file and the warnings for the user. The counts come
     from the submission's systems/<system>.json, else the log; ``num_gpus`` only for a log that
-    states none, and one that contradicts them is refused."""
+    states none (on the nodes its platform names), and one that contradicts them is refused. A link
+    is read in the folder of the file it links to: system, counts and scaling.json all from there."""
     result = read_result(path, ruleset)
     if result.benchmark is None:
         raise ReportError(f"{printable(path)}: no submission_benchmark line (give an MLPerf Training result file)")
