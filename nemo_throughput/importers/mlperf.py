@@ -378,7 +378,7 @@ def _each_event_once(lines: list[Any]) -> tuple[list[Any], int]:
     kept = []
     for line in lines:
         if line.key in READ_KEYS:
-            event = json.dumps(line.value, sort_keys=True, default=str)
+            event = json.dumps([line.key, line.timestamp, line.value], sort_keys=True, default=str)  # value: no time
             if event in seen:
                 continue
             seen.add(event)
