@@ -3,8 +3,9 @@
 Layers, dependencies pointing one way (tests/test_structure.py checks the arrows):
 
 * base, what every layer shares: errors (the exceptions), text (text safe to print), values (what
-  counts as a number: never a bool), window (the step window of report, import and bench),
-  student_t (Student's t quantiles, for the bench's and compare's intervals).
+  counts as a number: never a bool; as a stated name: never a placeholder), window (the step window
+  of report, import and bench), student_t (Student's t quantiles, for the bench's and compare's
+  intervals).
 * core, no framework (torch at most): config (the settings), flops (FLOPs formulas),
   measured_flops (FLOPs counted on one real step), hardware (GPU peaks), megatron_config (a
   megatron-core config read duck-typed), throughput (rates, MFU), timing (the step clock),

@@ -35,6 +35,12 @@ HPE_N2, HPE_N4 = (HPE / "results" / f"HPE-Cray-XD670-H200-SXM5-141GB_n{n}_24.09"
 SUPERMICRO_DLRM = V5 / "Supermicro" / "results" / "SYS-821GE-TNHR" / "dlrm_dcnv2"
 GOOGLE_V5 = V5 / "Google"  # TPU logs state no counts (and a platform of "tpu-trillium"): only systems/ does
 RULESET_V5 = "5.0.0"
+V41, V51 = DATA / "v4.1", DATA / "v5.1"  # single runs of v4.1 and v5.1 submissions, in the repository's layout
+EOS_GPT3 = V41 / "NVIDIA" / "results" / "eos_n64_ngc24.09_nemo" / "gpt3"  # NVIDIA's gpt3: throughput in tokens/s
+AMD_LLAMA8B = V51 / "AMD" / "results" / "MI355X_EPYC_9575F_pytorch" / "llama31_8b"  # states max_sequence_length
+THEIA_8 = V51 / "NVIDIA" / "results" / "theia_ngpu8_ngc25.09_nemo" / "llama2_70b_lora"  # 2 x 4 GB300, "2xNVIDIA GB200"
+LAMBDA_72 = V51 / "Lambda" / "results" / "gb300_n18_ngc25.04_nemo" / "llama2_70b_lora"  # placeholders in the log
+AZURE_512 = V41 / "Azure" / "results" / "ND_H200_v5_n64_nemo" / "llama2_70b_lora"  # 64 x 8 H200, "64xND_H200_v5"
 
 
 def run_import(capsys, *inputs, out: Path, extra=(), ruleset=RULESET) -> tuple[int, str]:
@@ -445,20 +451,22 @@ def test_file_names_in_messages_are_printable(capsys, tmp_path):
 
 
 def test_runs_of_one_label_on_different_node_counts_are_never_one_group(capsys, tmp_path):
-    """16 GPUs as 2 nodes of 8 and as 4 nodes of 4 are two systems, even under one label."""
+    """16 GPUs as 2 nodes of 8 and as 4 nodes of 4 are two systems, even under one label (Google's logs
+    name no nodes: its platform is "tpu-v5p")."""
     for gpus_per_node in (8, 4):
-        code, err = run_import(capsys, ASUS, out=tmp_path / f"per-node-{gpus_per_node}",
+        code, err = run_import(capsys, GOOGLE, out=tmp_path / f"per-node-{gpus_per_node}",
                                extra=("--num-gpus", 16, "--gpus-per-node", gpus_per_node, "--label", "same"))
         assert code == 0, err
     assert main(["report", str(tmp_path), "--format", "json"]) == 0
     captured = capsys.readouterr()
     groups = json.loads(captured.out)["time_to_train"]
     assert sorted((g["num_nodes"], g["num_gpus"], g["time_to_train_minutes"]["runs"]) for g in groups) == [
-        (2, 16, 10), (4, 16, 10)]
+        (2, 16, 3), (4, 16, 3)]
     # the same files, imported twice as two sizes: said of each group
-    assert ("note: llama2_70b_lora on same, ESC_N8A-E12 (2 node(s), 16 GPUs): 10 of its result files (e.g. "
-            f"{ASUS / 'result_0.txt'}) have the bytes of result files reported under same on ESC_N8A-E12 (4 node(s), "
-            "16 GPUs): the same runs, imported as two systems or sizes") in captured.err
+    assert ("note: gpt3 on same, cloud-tpu-v5p-1024-maxtext (2 node(s), 16 GPUs): 3 of its result files (e.g. "
+            f"{GOOGLE / 'result_0.txt'}) have the bytes of result files reported under same on "
+            "cloud-tpu-v5p-1024-maxtext (4 node(s), 16 GPUs): the same runs, imported as two systems or sizes") \
+        in captured.err
 
 
 def test_the_speedup_baseline_is_the_fewest_nodes_of_one_system_family():
@@ -685,3 +693,332 @@ def test_the_system_directory_is_that_of_results_or_of_a_folder_named_after_the_
     found = {Path(s["environment"]["imported_from"]).parent: s["time_to_train"]["system"]["directory"]
              for s in summaries(tmp_path / "out").values()}
     assert found == {layouts["in-results"]: "eos", layouts["named"]: "eos2", layouts["elsewhere"]: None}
+
+
+def throughput_lines(path: Path) -> list:
+    lines, failed = parse_file(str(path), ruleset=RULESET)
+    assert not failed
+    return [line for line in lines if line.key == "tracked_stats" and "throughput" in line.value["value"]]
+
+
+def test_a_gpt3_rate_in_tokens_per_s_is_divided_by_its_sequence_length(capsys, tmp_path):
+    log = EOS_GPT3 / "result_0.txt"
+    code, err = run_import(capsys, log, out=tmp_path, ruleset="4.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path).values()
+    keys = keys_of(log)
+    (line,) = throughput_lines(log)  # {"throughput": 404624.31}, metadata step 1207959552
+    tokens_per_s, tokens = line.value["value"]["throughput"], line.value["metadata"]["step"]
+    seq_length, batch = keys["max_sequence_length"].value["value"], keys["global_batch_size"].value["value"]
+    assert tokens % (batch * seq_length) == 0 and tokens == keys["train_samples"].value["value"]  # 288 steps
+    samples_per_s = summary["throughput"]["samples_per_s"]
+    assert samples_per_s == pytest.approx(tokens_per_s / seq_length)  # 197.57, not 404,624
+    seconds = (keys["run_stop"].timestamp - keys["run_start"].timestamp) / 1000
+    assert samples_per_s == pytest.approx(tokens / seq_length / seconds, rel=0.01)  # 589,824 samples in 2,986 s
+    assert summary["throughput"]["rate_source"] == "log:tracked_stats.throughput / max_sequence_length"
+    assert summary["throughput"]["tokens_per_s"] is None
+    (note,) = summary["time_to_train"]["notes"]
+    assert note.startswith("the log's throughput 404,624/s is tokens/s (its step counts tokens: 1,207,959,552 = 288 x "
+                           "global_batch_size 2048 x max_sequence_length 2048") and note in err
+
+
+def test_a_rate_whose_step_counts_samples_stays_as_logged(capsys, tmp_path):
+    log = AMD_LLAMA8B / "result_0.txt"  # max_sequence_length 8192; step 172,032 samples (5,376 batches of 32)
+    code, err = run_import(capsys, log, out=tmp_path, ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path).values()
+    lines = throughput_lines(log)
+    rates = [line.value["value"]["throughput"] for line in lines]
+    assert summary["throughput"]["samples_per_s"] == pytest.approx(sum(rates) / len(rates))
+    assert summary["throughput"]["rate_source"] == "log:tracked_stats.throughput"
+    samples = lines[-1].value["metadata"]["step"]
+    seconds = (lines[-1].timestamp - keys_of(log)["run_start"].timestamp) / 1000
+    assert summary["throughput"]["samples_per_s"] == pytest.approx(samples / seconds, rel=0.05)
+    assert not summary["time_to_train"]["notes"]
+
+
+def test_a_token_rate_its_own_count_contradicts_gives_no_samples_per_s(capsys, tmp_path):
+    logged = '{"throughput": 404624.3115973739}'
+    log = _edited(EOS_GPT3 / "result_0.txt", tmp_path / "gpt3" / "result_0.txt",
+                  lambda text: text.replace(logged, '{"throughput": 40462431.15973739}'))  # 100x
+    code, err = run_import(capsys, log, out=tmp_path / "out", ruleset="4.1.0", extra=("--num-gpus", "512"))
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    assert summary["throughput"]["samples_per_s"] is None and summary["throughput"]["rate_source"] is None
+    assert "looks like tokens/s" in err and "its unit is not known, samples/s not given" in err
+
+
+def flat_copy(folder: Path, name: str, tmp_path: Path) -> Path:
+    """A result file byte for byte in ``<system>/<benchmark>/`` with no systems/ around it: only its log counts."""
+    target = tmp_path / folder.parent.name / folder.name / name
+    target.parent.mkdir(parents=True)
+    shutil.copyfile(folder / name, target)
+    return target
+
+
+def test_num_gpus_is_spread_over_the_nodes_the_platform_names(capsys, tmp_path):
+    theia, azure = flat_copy(THEIA_8, "result_0.txt", tmp_path), flat_copy(AZURE_512, "result_3.txt", tmp_path)
+    for log, given, nodes, platform in ((theia, 8, 2, "2xNVIDIA GB200"), (azure, 512, 64, "64xND_H200_v5")):
+        assert keys_of(log)["submission_platform"].value["value"] == platform
+        code, err = run_import(capsys, log, out=tmp_path / f"out-{given}", ruleset="5.1.0",
+                               extra=("--num-gpus", given))
+        assert code == 0, err
+        (summary,) = summaries(tmp_path / f"out-{given}").values()
+        assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (nodes, given)
+        assert summary["time_to_train"]["counts_from"] == "--num-gpus"
+        assert (f"{given} accelerators as given, on the {nodes} node(s) of the log's submission_platform "
+                f"'{platform}' ({given // nodes} per node)") in err
+    described = json.loads((THEIA_8.parent.parent.parent / "systems" / f"{THEIA_8.parent.name}.json").read_text())
+    assert (described["number_of_nodes"], described["accelerators_per_node"]) == ("2", "4")  # as published
+
+
+def test_num_gpus_that_does_not_fit_the_platforms_nodes_is_refused_naming_both(capsys, tmp_path):
+    theia, azure = flat_copy(THEIA_8, "result_0.txt", tmp_path), flat_copy(AZURE_512, "result_3.txt", tmp_path)
+    for log, given, platform in ((azure, ("--num-gpus", "8"), "'64xND_H200_v5': 64 node(s)"),
+                                 (azure, ("--num-gpus", "100", "--gpus-per-node", "8"), "'64xND_H200_v5': 64 node(s)"),
+                                 (theia, ("--num-gpus", "3"), "'2xNVIDIA GB200': 2 node(s)"),
+                                 (theia, ("--num-gpus", "8", "--gpus-per-node", "8"), "'2xNVIDIA GB200': 2 node(s)")):
+        code, err = run_import(capsys, log, out=tmp_path / "out", ruleset="5.1.0", extra=given)
+        assert code == 2 and len(err.splitlines()) == 1, err
+        shown = " and ".join(f"{given[i]} {given[i + 1]}" for i in range(0, len(given), 2))
+        assert f"{shown} {'contradicts' if len(given) == 2 else 'contradict'} the log's submission_platform " \
+               f"{platform}" in err
+    assert not list(tmp_path.rglob("summary.json"))
+    code, err = run_import(capsys, azure, out=tmp_path / "out", ruleset="5.1.0",
+                           extra=("--num-gpus", "512", "--gpus-per-node", "8"))
+    assert code == 0, err
+    # in its submission, systems/ counts it: a --gpus-per-node that contradicts that is refused too
+    code, err = run_import(capsys, THEIA_8 / "result_0.txt", out=tmp_path / "in-layout", ruleset="5.1.0",
+                           extra=("--gpus-per-node", "8"))
+    assert code == 2 and "--gpus-per-node 8 contradicts systems/theia_ngpu8_ngc25.09_nemo.json: 2 node(s), 8 " \
+                         "accelerators" in err
+
+
+PLACEHOLDERS = ('"submitter":"UNKNOWN_MLPERF_SUBMITTER"', '"system_name":"UNKNOWN_MLPERF_SYSTEM_NAME"',
+                '"value": "SUBMISSION_ORG_PLACEHOLDER"', '"value": "18xSUBMISSION_PLATFORM_PLACEHOLDER"')
+
+
+def test_placeholder_names_in_a_log_name_no_submitter_or_system(capsys, tmp_path):
+    log = flat_copy(LAMBDA_72, "result_9.txt", tmp_path)  # Lambda's real log, written by NVIDIA's scripts
+    assert all(placeholder in log.read_text(encoding="latin-1") for placeholder in PLACEHOLDERS)
+    code, err = run_import(capsys, log, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    ttt = summary["time_to_train"]
+    assert summary["run"]["label"] == "gb300_n18_ngc25.04_nemo"  # its <system> folder, not UNKNOWN_MLPERF_SYSTEM_NAME
+    assert ttt["submitter"] is None and ttt["platform"] == "18xSUBMISSION_PLATFORM_PLACEHOLDER"  # the log's, as said
+    assert ttt["system"] == {"directory": "gb300_n18_ngc25.04_nemo", "name": None, "accelerator": "NVIDIA GB300",
+                             "submitter": None}
+    assert summary["environment"]["system"]["submitter"] == "UNKNOWN_MLPERF_SUBMITTER"  # the :::SYSJSON line, kept
+    assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (18, 72)
+    # in its submission, the systems file names it
+    code, err = run_import(capsys, LAMBDA_72 / "result_9.txt", out=tmp_path / "in-layout", ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "in-layout").values()
+    assert summary["run"]["label"] == "Lambda_GB300_n18" and summary["time_to_train"]["system"]["submitter"] == "Lambda"
+
+
+def test_runs_of_submitters_that_log_placeholders_are_never_one_system_family(capsys, tmp_path):
+    """Two submitters' systems built with NVIDIA's scripts log the same placeholders: Lambda's 18 x 4 GB300,
+    and here a 9 x 4 one (its log with 9 nodes). Never one family: no speedup of one over the other."""
+    lambda_18 = flat_copy(LAMBDA_72, "result_9.txt", tmp_path / "a")
+    other_9 = _edited(lambda_18, tmp_path / "b" / "other_n9" / "llama2_70b_lora" / "result_1.txt",
+                      lambda text: text.replace('"number_of_nodes":"18"', '"number_of_nodes":"9"'))
+    code, err = run_import(capsys, lambda_18, other_9, out=tmp_path / "out", ruleset="5.1.0",
+                           extra=("--label", "same"))
+    assert code == 0, err
+    for older in (False, True):  # summaries of an older import kept the placeholders: read as unknown too
+        if older:
+            for path in (tmp_path / "out").rglob("summary.json"):
+                summary = json.loads(path.read_text())
+                summary["time_to_train"]["submitter"] = "SUBMISSION_ORG_PLACEHOLDER"
+                summary["time_to_train"]["system"]["name"] = "UNKNOWN_MLPERF_SYSTEM_NAME"
+                path.write_text(json.dumps(summary))
+        assert main(["report", str(tmp_path / "out"), "--format", "json"]) == 0
+        captured = capsys.readouterr()
+        groups = {g["num_nodes"]: g for g in json.loads(captured.out)["time_to_train"]}
+        assert set(groups) == {9, 18} and all(g["submitter"] is None for g in groups.values())
+        for group in groups.values():  # each compared with itself only
+            assert group["speedup"] == 1.0 and group["speedup_over"] == f"{group['system']} ({group['num_nodes']} " \
+                                                                         f"node(s), {group['num_gpus']} GPUs)"
+        assert ("not compared with other_n9 (9 node(s), 36 GPUs): a submitter or an accelerator is not stated, so no "
+                "system family is known") in captured.err
+        assert "one system family" not in captured.err
+
+
+def with_line_after(text: str, after_key: str, line: str) -> str:
+    """The log's text with ``line`` inserted after the first :::MLLOG line of ``after_key``."""
+    at = text.index(f'"key": "{after_key}"')
+    end = text.index("\n", at) + 1
+    return text[:end] + line + text[end:]
+
+
+def mllog_line(text: str, key: str) -> tuple[str, int]:
+    """The first whole line of ``key`` and its time_ms."""
+    (line,) = [line for line in text.splitlines(keepends=True) if f'"key": "{key}"' in line][:1]
+    return line, int(re.search(r'"time_ms": (\d+)', line).group(1))
+
+
+def summarizer_ends(path: Path) -> tuple[float, float]:
+    lines, _ = parse_file(str(path), ruleset="5.1.0")
+    return result_summarizer._query_run_start_stop(lines)
+
+
+def test_several_run_starts_count_from_the_last_before_run_stop_as_result_summarizer_does(capsys, tmp_path):
+    log = flat_copy(LAMBDA_72, "result_9.txt", tmp_path)
+
+    def restarted(text):  # a second run_start 20 s later, after the first evaluation
+        line, start = mllog_line(text, "run_start")
+        return with_line_after(text, "eval_accuracy", line.replace(str(start), str(start + 20_000)))
+
+    twice = _edited(log, tmp_path / "twice" / "llama2_70b_lora" / "result_1.txt", restarted)
+    code, err = run_import(capsys, log, twice, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    by_file = {s["environment"]["imported_from"]: s["time_to_train"] for s in summaries(tmp_path / "out").values()}
+    one, two = by_file[str(log)], by_file[str(twice)]
+    start, stop = summarizer_ends(twice)
+    assert two["run_start_ms"] == start == one["run_start_ms"] + 20_000 and two["run_stop_ms"] == stop
+    assert two["minutes"] == (stop - start) / 60 / 1000 == pytest.approx(one["minutes"] - 20 / 60)
+    assert two["converged"] and two["compliant"]
+    assert two["notes"] == [f"the log has 2 run_start lines: the time to train counts from the last one before the "
+                            f"first run_stop ({start:.0f} ms), as result_summarizer counts it"]
+    assert f"{twice}: warning: the log has 2 run_start lines" in err
+
+
+def test_several_run_stops_end_at_the_first_as_result_summarizer_does(capsys, tmp_path):
+    log = flat_copy(LAMBDA_72, "result_9.txt", tmp_path)
+
+    def stopped_early(text):  # an aborted run_stop 1 s after run_start, before the real one
+        line, stop = mllog_line(text, "run_stop")
+        _, start = mllog_line(text, "run_start")
+        early = re.sub(r'"status": "success"', '"status": "aborted"', line.replace(str(stop), str(start + 1000)))
+        return with_line_after(text, "run_start", early)
+
+    twice = _edited(log, tmp_path / "twice" / "llama2_70b_lora" / "result_1.txt", stopped_early)
+    code, err = run_import(capsys, twice, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    ttt = summary["time_to_train"]
+    start, stop = summarizer_ends(twice)
+    assert (ttt["run_start_ms"], ttt["run_stop_ms"], ttt["status"]) == (start, stop, "aborted") and stop == start + 1000
+    assert not ttt["converged"] and summary["status"] == "failed"
+    assert ttt["notes"][0] == (f"the log has 2 run_stop lines: the first ({stop:.0f} ms, status 'aborted') ends the "
+                               "time to train, as result_summarizer ends it")
+
+
+def test_an_aborted_run_whose_evaluations_reach_the_target_is_dropped_and_said_to_count_for_result_summarizer(
+        capsys, tmp_path):
+    log = flat_copy(LAMBDA_72, "result_9.txt", tmp_path)
+    aborted = _edited(log, tmp_path / "aborted" / "llama2_70b_lora" / "result_1.txt",
+                      lambda text: text.replace('"status": "success"', '"status": "aborted"'))
+    code, err = run_import(capsys, aborted, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    ttt = summary["time_to_train"]
+    assert ttt["status"] == "aborted" and ttt["compliant"] and not ttt["converged"]  # dropped from the olympic
+    start, stop = summarizer_ends(aborted)
+    assert f"result_summarizer would count it ({(stop - start) / 60000:.2f} min): it does not read run_stop's " \
+           "status, and the compliance check passes it" in err
+
+
+def test_a_linked_result_file_is_counted_and_scaled_as_the_folder_it_is_in(capsys, tmp_path):
+    mine = tmp_path / "mytheia" / "llama2_70b_lora"  # links to a published system's results, in a folder of mine
+    mine.mkdir(parents=True)
+    for name in ("result_0.txt", "result_1.txt"):
+        (mine / name).symlink_to((THEIA_8 / name).resolve())
+    (mine / "scaling.json").write_text('{"scaling_factor": 2.0}')  # not the one of the runs' folder: never read
+    code, err = run_import(capsys, mine, out=tmp_path / "out", ruleset="5.1.0")
+    assert code == 0, err
+    published = json.loads((THEIA_8 / "scaling.json").read_text())["scaling_factor"]  # 1.034722222222222
+    for summary in summaries(tmp_path / "out").values():
+        ttt = summary["time_to_train"]
+        assert ttt["system"]["directory"] == THEIA_8.parent.name and ttt["counts_from"] == \
+            f"systems/{THEIA_8.parent.name}.json"
+        assert (summary["hardware"]["num_nodes"], summary["hardware"]["num_gpus"]) == (2, 8)
+        assert ttt["scaling_factor"] == published
+        source = Path(summary["environment"]["imported_from"])
+        assert source.parent == mine and source.is_symlink()  # where it was given
+        assert f"a link to {(THEIA_8 / source.name).resolve()}: the systems file and scaling.json are those of its " \
+               "folder" in ttt["notes"]
+    (group,) = report_json(capsys, tmp_path / "out")["time_to_train"]
+    assert group["time_to_train_minutes"]["scaling_factor"] == published and group["time_to_train_minutes"]["runs"] == 2
+
+
+def test_a_link_to_a_result_file_beside_it_is_imported_once(capsys, tmp_path):
+    folder = tmp_path / THEIA_8.parent.name / THEIA_8.name
+    folder.mkdir(parents=True)
+    shutil.copyfile(THEIA_8 / "result_1.txt", folder / "result_1.txt")
+    (folder / "result_0.txt").symlink_to("result_1.txt")  # first in name order
+    shutil.copyfile(THEIA_8 / "result_0.txt", folder / "result_2.txt")
+    code, err = run_import(capsys, folder, out=tmp_path / "out", ruleset="5.1.0", extra=("--num-gpus", "8"))
+    assert code == 0, err
+    assert set(summaries(tmp_path / "out")) == {"result_1", "result_2"}
+    assert (f"nemo-throughput import: warning: {folder / 'result_0.txt'} is a link to {folder / 'result_1.txt'}: the "
+            "same run, imported once") in err
+
+
+def test_the_line_printed_per_file_says_accelerators_as_a_tpu_is_no_gpu(capsys, tmp_path):
+    code = main(["import", "--format", "mlperf", str(GOOGLE / "result_0.txt"), "--num-gpus", "1024", "--output-dir",
+                 str(tmp_path), "--ruleset", RULESET])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "result_0/summary.json: gpt3 on tpu-v5p (1024 accelerators), " in captured.out and "GPU" not in captured.out
+    assert "1024 accelerators as given, on 128 node(s) of 8" in captured.err and "GPU" not in captured.err
+
+
+def test_a_run_stop_without_a_status_is_said_to_state_none(capsys, tmp_path):
+    log = flat_copy(THEIA_8, "result_0.txt", tmp_path)
+    text = log.read_text(encoding="latin-1")
+    (line,) = [line for line in text.splitlines() if '"key": "run_stop"' in line]
+    assert '"status": "success"' in line
+    silent = _edited(log, tmp_path / "silent" / "llama2_70b_lora" / "result_0.txt",
+                     lambda text: text.replace(line, re.sub(r', "status": "success"', "", line)))
+    code, err = run_import(capsys, silent, out=tmp_path / "out", ruleset="5.1.0", extra=("--num-gpus", "8"))
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    assert summary["time_to_train"]["status"] is None and summary["status"] == "failed"
+    assert summary["error"] == "run_stop states no status: whether the target quality was reached is not known"
+    assert "target quality was not reached" not in err and not summary["time_to_train"]["compliant"]
+
+
+def test_lines_that_several_ranks_print_alike_are_one_event(capsys, tmp_path):
+    log = flat_copy(THEIA_8, "result_0.txt", tmp_path)
+
+    def from_two_ranks(text):  # srun -l: each :::MLLOG line from ranks 0 and 1
+        return "".join(f"0: {line}1: {line}" if line.startswith(":::MLLOG") else line
+                       for line in text.splitlines(keepends=True))
+
+    twice = _edited(log, tmp_path / "twice" / "llama2_70b_lora" / "result_0.txt", from_two_ranks)
+    code, err = run_import(capsys, log, twice, out=tmp_path / "out", ruleset="5.1.0", extra=("--num-gpus", "8"))
+    assert code == 0, err
+    by_file = {s["environment"]["imported_from"]: s["time_to_train"] for s in summaries(tmp_path / "out").values()}
+    once, doubled = by_file[str(log)], by_file[str(twice)]
+    lines, _ = parse_file(str(log), ruleset="5.1.0")
+    evals = [line for line in lines if line.key == "eval_accuracy"]
+    assert len(doubled["evals"]) == len(once["evals"]) == len(evals) == 5
+    assert (doubled["minutes"], doubled["epochs"], doubled["status"]) == (once["minutes"], once["epochs"], "success")
+    assert not any("run_start lines" in note for note in doubled["notes"])  # one run_start, printed twice
+    read = ("run_start", "run_stop", "tracked_stats", "throughput", "eval_accuracy", "epoch_start")
+    (note,) = [note for note in doubled["notes"] if "repeat an earlier line exactly" in note]
+    assert note.startswith(f"{sum(line.key in read for line in lines)} :::MLLOG line(s) of {', '.join(read)} repeat")
+    assert not any("repeat an earlier line" in note for note in once["notes"])
+
+
+def test_reading_a_large_result_file_takes_memory_that_does_not_grow_with_its_size(tmp_path):
+    import tracemalloc
+
+    from nemo_throughput.importers import mlperf
+
+    noisy = tmp_path / "result_0.txt"  # a real run, then 15 MB of NCCL-style lines, as a verbose job prints them
+    nccl = "node01:1234:5678 [0] NCCL INFO Channel 00/32 : 0[0] -> 1[1] via P2P/CUMEM/read " * 40 + "\n"
+    noisy.write_text((THEIA_8 / "result_0.txt").read_text(encoding="latin-1") + nccl * 5000, encoding="latin-1")
+    size = noisy.stat().st_size
+    assert size > 15 * 1024 ** 2
+    tracemalloc.start()
+    try:
+        result = mlperf.read_result(noisy, "5.1.0")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.sha256 == hashlib.sha256(noisy.read_bytes()).hexdigest() and result.minutes is not None
+    assert peak < size / 4, f"{peak:,} bytes at the peak to read {size:,}"

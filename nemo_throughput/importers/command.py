@@ -15,7 +15,7 @@ from typing import Any
 from nemo_throughput.errors import ReportError
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
-from nemo_throughput.importers import mlperf, notice
+from nemo_throughput.importers import DEFAULT_GPUS_PER_NODE, mlperf, notice
 from nemo_throughput.importers.logs import FORMATS, Imported, import_run
 from nemo_throughput.outputs import check_output_dir, check_output_file, write_text_atomic
 from nemo_throughput.presets import PRESETS, preset
@@ -48,7 +48,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports.add_argument("--seq-length", type=int, help="required, except with --format mlperf")
     imports.add_argument("--num-gpus", type=int, help="required, except with --format mlperf (there: only for logs "
                                                       "that do not state their accelerators)")
-    imports.add_argument("--gpus-per-node", type=int, default=8, help="to count the nodes (default 8)")
+    imports.add_argument("--gpus-per-node", type=int, help=f"to count the nodes (default {DEFAULT_GPUS_PER_NODE}; "
+                                                           "--format mlperf: the nodes of the log's "
+                                                           "submission_platform, e.g. 18xNVIDIA GB200, where it "
+                                                           "names them)")
     imports.add_argument("--rank", help="the rank to read where several print (srun --label / torchrun prefix "
                                         "number, e.g. 0 or 1/7; default: the lowest)")
     imports.add_argument("--window", help="steps that count, e.g. 35:45, -10: or last (default: all after the "
@@ -115,6 +118,8 @@ Written = list[tuple[Path, dict, Callable[[Path], None]]]  # (summary path, summ
 
 def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
     _require(args, "label", "seq_length", "num_gpus")
+    if args.gpus_per_node is None:
+        args.gpus_per_node = DEFAULT_GPUS_PER_NODE
     spec, model_name = _model(args)
     _check_arguments(args)
     window = Window.parse(args.window) if args.window else None
@@ -145,7 +150,7 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
         value = getattr(args, option)
         if value is not None and mlperf.plausible_count(value)[0] is None:
             raise ReportError(f"--{option.replace('_', '-')} {value}: give a count from 1 to {mlperf.MAX_COUNT:,}")
-    files = mlperf.result_files(args.logs)
+    files, links = mlperf.result_files(args.logs)
     imported = []
     for path, name in zip(files, output_names(files), strict=True):
         progress["at"] = str(path)
@@ -154,7 +159,7 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
                                           orchestrator=args.orchestrator, gpu_name=args.gpu_name)
         imported.append((_summary_path(args.output_dir, name), summary))
     mlperf.note_byte_copies([summary for _, summary in imported])
-    once = () if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary in imported]),)
+    once = (*links, *(() if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary in imported]),)))
     return [(path, summary, functools.partial(say_mlperf_imported, summary=summary,
                                               notes=summary["time_to_train"]["notes"], once=once if i == 0 else ()))
             for i, (path, summary) in enumerate(imported)]
@@ -306,6 +311,6 @@ def say_mlperf_imported(target: Path, summary: dict[str, Any], notes: list[str],
     minutes = f"{ttt['minutes']:.2f} min" if ttt["minutes"] is not None else "no time to train"
     rate = summary["throughput"]["samples_per_s"]
     print(f"{printable(target)}: {ttt['benchmark']} on {printable(summary['run']['label'])} "
-          f"({summary['hardware']['num_gpus']} GPUs), {minutes}, {ttt['status'] or 'no status'}, "
+          f"({summary['hardware']['num_gpus']} accelerators), {minutes}, {ttt['status'] or 'no status'}, "
           f"{'compliant' if ttt['compliant'] else 'NOT compliant'} ({ttt['ruleset']})"
           + (f", {rate:,.4g} samples/s" if rate is not None else ""))

@@ -8,7 +8,9 @@ read here, since the library leaves it to its package checker. A result publishe
 from ``<submitter>/systems/<system>.json``, where result_summarizer reads them: real logs state
 other counts (v5.0 logs of 2- and 4-node systems say ``number_of_nodes "1"``). Nothing the files
 do not state is filled in: a log without throughput lines has no samples/s, and tokens/s is never
-derived (an MLPerf benchmark's sample is not a fixed number of tokens).
+derived (an MLPerf benchmark's sample is not a fixed number of tokens). A log whose throughput lines
+count tokens (gpt3's) has its samples/s divided by its own ``max_sequence_length``, once the run's
+count over its time agrees with the rate.
 """
 
 from __future__ import annotations
@@ -23,21 +25,28 @@ from typing import Any
 
 from nemo_throughput.environment import package_version
 from nemo_throughput.errors import ReportError
+from nemo_throughput.importers import DEFAULT_GPUS_PER_NODE
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.summary import ResultRate, build_summary
 from nemo_throughput.text import printable
-from nemo_throughput.values import is_int, is_number, whole_number
+from nemo_throughput.values import is_int, is_number, stated_name, whole_number
 
 NAME = "mlperf"
 USAGE = "training"
 RESULT_GLOB = "result_*.txt"  # result_summarizer's file pattern
 SYSJSON_TAG = ":::SYSJSON "
 MLLOG_TAG = ":::MLLOG "
-PLACEHOLDER = "PLACEHOLDER"  # reference code logs e.g. 2xSUBMISSION_PLATFORM_PLACEHOLDER, to be replaced by hand
 MAX_COUNT = 1_000_000  # nodes, or accelerators per node: more than any system has (a typo or a broken file)
 IS_ZERO = "is 0"
 COUNT_KEYS = ("number_of_nodes", "accelerators_per_node")
+HASH_CHUNK_BYTES = 1024 * 1024
+READ_KEYS = ("run_start", "run_stop", "tracked_stats", "throughput", "eval_accuracy", "epoch_start")  # counted here
+RATE_SOURCE = "log:tracked_stats.throughput"
+TOKEN_RATE_SOURCE = f"{RATE_SOURCE} / max_sequence_length"
+# A rate and the run's count over its time agree within this factor (the latter includes evaluation, which the
+# rates of real logs leave out: llama2_70b_lora's 112 samples/s over a run's 79); tokens for samples is 2048x.
+RATE_AGREEMENT = 2.0
 
 
 def _library() -> Any:
@@ -56,10 +65,12 @@ def rulesets() -> list[str]:
     return sorted(compliance.rule_choices(), key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True)
 
 
-def result_files(paths: list[Path]) -> list[Path]:
+def result_files(paths: list[Path]) -> tuple[list[Path], list[str]]:
     """Files as given; directories expand to the ``result_*.txt`` files under them, in name order
-    (a submitter folder, with ``results/`` and ``systems/``: those of ``results/<system>/<benchmark>/``)."""
+    (a submitter folder, with ``results/`` and ``systems/``: those of ``results/<system>/<benchmark>/``),
+    each run once; and a note per link left out as the same run as a file found beside it."""
     found: list[Path] = []
+    notes: list[str] = []
     for path in paths:
         if not path.exists():
             raise ReportError(f"{printable(path)}: no such file or directory (check the path)")
@@ -68,10 +79,23 @@ def result_files(paths: list[Path]) -> list[Path]:
             if not inside:
                 raise ReportError(f"{printable(path)}: no MLPerf result files ({RESULT_GLOB}) under it (give the "
                                   "result files or the directory that holds them)")
+            inside, links = _each_run_once(inside)
             found.extend(inside)
+            notes.extend(links)
         else:
             found.append(path)
-    return found
+    return found, notes
+
+
+def _each_run_once(files: list[Path]) -> tuple[list[Path], list[str]]:
+    """A directory's result files, a link among them to another of them (result_1.txt -> result_2.txt)
+    left out, as is a second link to one file: the same run, imported once, and said."""
+    kept: dict[Path, Path] = {}
+    for file in sorted(files, key=Path.is_symlink):  # the files themselves before the links to them
+        kept.setdefault(file.resolve(), file)
+    notes = [f"{printable(file)} is a link to {printable(kept[file.resolve()])}: the same run, imported once"
+             for file in files if kept[file.resolve()] != file]
+    return sorted(kept.values()), notes
 
 
 def _is_submitter(folder: Path) -> bool:
@@ -100,9 +124,9 @@ class SystemFile:
 
 
 def system_file_path(result: Path) -> Path | None:
-    """``<submitter>/systems/<system>.json`` of a result at ``<submitter>/results/<system>/<benchmark>/``
-    (result_summarizer's rule); None for a result outside that layout."""
-    system_dir = result.resolve().parent.parent
+    """``<submitter>/systems/<system>.json`` of a result (its resolved path) at
+    ``<submitter>/results/<system>/<benchmark>/`` (result_summarizer's rule); None outside that layout."""
+    system_dir = result.parent.parent
     if system_dir.parent.name != "results":
         return None
     return system_dir.parent.parent / "systems" / f"{system_dir.name}.json"
@@ -117,9 +141,9 @@ def read_system_file(path: Path) -> SystemFile:
                           f"{printable(error)}) (fix it: result_summarizer skips such a system too)") from error
     if not isinstance(desc, dict):
         raise ReportError(f"{printable(path)}: not a JSON object (give the submission's system description)")
-    system = SystemFile(path, _real(desc.get("system_name")), _count(desc, "number_of_nodes", path),
-                        _count(desc, "accelerators_per_node", path), _real(desc.get("accelerator_model_name")),
-                        _real(desc.get("submitter")))
+    system = SystemFile(path, stated_name(desc.get("system_name")), _count(desc, "number_of_nodes", path),
+                        _count(desc, "accelerators_per_node", path), stated_name(desc.get("accelerator_model_name")),
+                        stated_name(desc.get("submitter")))
     if system.num_accelerators > MAX_COUNT:
         raise ReportError(f"{printable(path)}: number_of_nodes {system.num_nodes} x accelerators_per_node "
                           f"{system.accelerators_per_node} is more than {MAX_COUNT:,} accelerators: not a plausible "
@@ -154,16 +178,54 @@ def plausible_count(value: Any) -> tuple[int | None, str | None]:
     return count, None
 
 
-def _real(value: Any) -> str | None:
-    """Text as stated, None for an empty one or a template's placeholder."""
-    return value if isinstance(value, str) and value.strip() and PLACEHOLDER not in value else None
-
-
 @dataclass
 class Compliance:
     ruleset: str
     compliant: bool
     errors: list[str]
+
+
+@dataclass(frozen=True)
+class LoggedRate:
+    """One throughput line: the rate, the count it stands at (metadata ``step``: samples, or tokens in
+    gpt3's logs; a list in bert's, or None) and when it was logged."""
+
+    rate: float
+    step: Any
+    time_ms: float
+
+
+@dataclass
+class RunEnds:
+    """run_start and run_stop as result_summarizer takes them where a log has several: the last
+    run_start before the first run_stop, and that run_stop; how many of each the log has."""
+
+    start_ms: float | None = None
+    stop_ms: float | None = None
+    status: str | None = None  # the run_stop's metadata status: success or aborted
+    starts: int = 0
+    stops: int = 0
+
+    def add(self, key: str, time_ms: float, metadata: dict[str, Any]) -> None:
+        if key == "run_start":
+            self.starts += 1
+            if self.stop_ms is None or self.start_ms is None:
+                self.start_ms = time_ms
+        elif key == "run_stop":
+            self.stops += 1
+            if self.stop_ms is None:
+                self.stop_ms, self.status = time_ms, metadata.get("status")
+
+    def notes(self) -> list[str]:
+        """Which of several lines counted: the log does not say which run they were of."""
+        notes = []
+        if self.starts > 1:
+            notes.append(f"the log has {self.starts} run_start lines: the time to train counts from the last one "
+                         f"before the first run_stop ({self.start_ms:.0f} ms), as result_summarizer counts it")
+        if self.stops > 1:
+            notes.append(f"the log has {self.stops} run_stop lines: the first ({self.stop_ms:.0f} ms, status "
+                         f"{self.status!r}) ends the time to train, as result_summarizer ends it")
+        return notes
 
 
 @dataclass
@@ -173,19 +235,30 @@ class ResultLog:
     path: Path
     values: dict[str, Any]  # first value of each key (submission_*, global_batch_size, ...)
     system: dict[str, Any]  # the :::SYSJSON object, {} without one
-    run_start_ms: float | None
-    run_stop_ms: float | None
-    stop_status: str | None  # run_stop's metadata status: success or aborted
-    throughputs: list[tuple[int | None, float]]  # (step, samples/s) of tracked_stats / throughput lines
+    ends: RunEnds
+    throughputs: list[LoggedRate]  # of the tracked_stats / throughput lines
     evals: list[dict[str, Any]]  # eval_accuracy: value, epoch_num / samples_count
     epochs: int
     parse_errors: list[str]
+    repeated_lines: int = 0  # lines that repeat an earlier one exactly (one event printed by several ranks)
     compliance: Compliance = field(default_factory=lambda: Compliance("", False, []))
     sha256: str = ""  # of the file's bytes: a copy of another result is the same run
 
     @property
     def benchmark(self) -> str | None:
         return self.values.get("submission_benchmark")
+
+    @property
+    def run_start_ms(self) -> float | None:
+        return self.ends.start_ms
+
+    @property
+    def run_stop_ms(self) -> float | None:
+        return self.ends.stop_ms
+
+    @property
+    def stop_status(self) -> str | None:
+        return self.ends.status
 
     @property
     def minutes(self) -> float | None:
@@ -242,11 +315,11 @@ class ResultLog:
 
     @property
     def platform(self) -> str | None:
-        return _real(self.values.get("submission_platform"))
+        return stated_name(self.values.get("submission_platform"))
 
     @property
-    def system_name(self) -> str | None:
-        return _real(self.system.get("system_name")) or self.platform
+    def submitter(self) -> str | None:
+        return stated_name(self.system.get("submitter")) or stated_name(self.values.get("submission_org"))
 
 
 def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
@@ -262,32 +335,55 @@ def read_result(path: Path, ruleset: str | None = None) -> ResultLog:
         raise ReportError(f"{printable(path)}: no `{MLLOG_TAG.strip()}` lines (give an MLPerf Training result file)")
     result = _from_lines(path, lines, [f"{error}: {line[:200]}" for line, error in failed])
     result.compliance = _check(path, result.benchmark, ruleset)
-    result.sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    result.sha256 = _sha256(path)
     return result
 
 
+def _sha256(path: Path) -> str:
+    """Of the file's bytes, read a chunk at a time: memory stays flat whatever the file's size."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _from_lines(path: Path, lines: list[Any], parse_errors: list[str]) -> ResultLog:
+    lines, repeats = _each_event_once(lines)
     values: dict[str, Any] = {}
-    start = stop = status = None
-    throughputs: list[tuple[int | None, float]] = []
+    ends = RunEnds()
+    throughputs: list[LoggedRate] = []
     evals: list[dict[str, Any]] = []
     epochs = 0
     for line in lines:
         key, value, metadata = line.key, line.value["value"], line.value["metadata"] or {}
         values.setdefault(key, value)
-        if key == "run_start" and start is None:
-            start = line.timestamp
-        elif key == "run_stop" and stop is None:
-            stop, status = line.timestamp, metadata.get("status")
+        if key in ("run_start", "run_stop"):
+            ends.add(key, line.timestamp, metadata)
         elif key in ("tracked_stats", "throughput"):
             rate = value.get("throughput") if isinstance(value, dict) else value
             if isinstance(rate, (int, float)) and rate > 0:
-                throughputs.append((metadata.get("step"), float(rate)))
+                throughputs.append(LoggedRate(float(rate), metadata.get("step"), line.timestamp))
         elif key == "eval_accuracy":
             evals.append({"value": value, **{k: metadata[k] for k in ("epoch_num", "samples_count") if k in metadata}})
         elif key == "epoch_start":
             epochs += 1
-    return ResultLog(path, values, _sysjson(path), start, stop, status, throughputs, evals, epochs, parse_errors)
+    return ResultLog(path, values, _sysjson(path), ends, throughputs, evals, epochs, parse_errors, repeats)
+
+
+def _each_event_once(lines: list[Any]) -> tuple[list[Any], int]:
+    """The lines, each that repeats an earlier one of the keys read here exactly (key, time, value and
+    metadata: one event printed by several ranks, as ``srun -l`` shows them) left out, and how many were."""
+    seen: set[str] = set()
+    kept = []
+    for line in lines:
+        if line.key in READ_KEYS:
+            event = json.dumps([line.key, line.timestamp, line.value], sort_keys=True, default=str)  # value: no time
+            if event in seen:
+                continue
+            seen.add(event)
+        kept.append(line)
+    return kept, len(lines) - len(kept)
 
 
 def _sysjson(path: Path) -> dict[str, Any]:
@@ -354,8 +450,8 @@ def _platform_nodes(platform: str | None) -> int | None:
     return plausible_count(count)[0] if sep else None
 
 
-def time_to_train(result: ResultLog) -> dict[str, Any]:
-    """The summary's time_to_train section."""
+def time_to_train(result: ResultLog, folder: Path) -> dict[str, Any]:
+    """The summary's time_to_train section; ``folder``: the one that holds the result file (resolved)."""
     return {
         "benchmark": result.benchmark,
         "run_start_ms": result.run_start_ms,
@@ -367,10 +463,10 @@ def time_to_train(result: ResultLog) -> dict[str, Any]:
         "compliance_errors": result.compliance.errors,
         "ruleset": result.compliance.ruleset,
         "required_runs": required_runs(result.benchmark),
-        "scaling_factor": scaling_factor(result.path.parent),
+        "scaling_factor": scaling_factor(folder),
         "evals": result.evals,
         "epochs": result.epochs,
-        "submitter": result.values.get("submission_org"),
+        "submitter": stated_name(result.values.get("submission_org")),
         "division": result.values.get("submission_division"),
         "platform": result.values.get("submission_platform"),
     }
@@ -404,20 +500,24 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
                   gpu_name: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """A schema-v1 summary of one MLPerf result file and the warnings for the user. The counts come
     from the submission's systems/<system>.json, else the log; ``num_gpus`` only for a log that
-    states none, and one that contradicts them is refused."""
+    states none (on the nodes its platform names), and one that contradicts them is refused. A link
+    is read in the folder of the file it links to: system, counts and scaling.json all from there."""
     result = read_result(path, ruleset)
     if result.benchmark is None:
         raise ReportError(f"{printable(path)}: no submission_benchmark line (give an MLPerf Training result file)")
-    system, notes = _system_file(path)
+    real = path.resolve()  # a link's system, counts and scaling.json are those of the folder of the file it links to
+    system, notes = _system_file(real)
+    if path.is_symlink():
+        notes.append(f"a link to {printable(real)}: the systems file and scaling.json are those of its folder")
     scale, scale_notes = _scale(path, result, system, num_gpus, gpus_per_node)
     notes += scale_notes
     batch = result.values.get("global_batch_size")
+    record = system_record(real, result, system)
     facts = RunFacts(
-        name=name or path.stem, label=label or (system and system.name) or result.system_name or "unknown",
-        global_batch_size=_stated_batch(batch), micro_batch_size=None, seq_length=None, rate="samples",
+        name=name or path.stem, global_batch_size=_stated_batch(batch), micro_batch_size=None, seq_length=None,
+        label=label or record["name"] or result.platform or record["directory"] or "unknown", rate="samples",
         model_name=result.benchmark, model_spec=None, flops_formula=None, flops_per_sample=None,  # not in the log
-        gpu_name=gpu_name or (system and system.accelerator) or _real(result.system.get("accelerator_model_name"))
-        or "unknown", num_gpus=scale.num_accelerators,
+        gpu_name=gpu_name or record["accelerator"] or "unknown", num_gpus=scale.num_accelerators,
         num_nodes=scale.num_nodes, dtype=None, peak_tflops=None, peak_source=None, source=f"import:{NAME}",
         environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path.absolute()),
                      "imported_with": {"nemo-throughput": package_version()},
@@ -425,27 +525,28 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     )
     status, error = _status(result)
     notes += _notes(result, error)
-    rate = ResultRate(_samples_per_s(result), "log:tracked_stats.throughput" if result.throughputs else None)
+    rate, rate_notes = _rate(result)
+    notes += rate_notes
     summary = build_summary(
         facts, RunStats(world_size=1, warmup_steps=0), status, error, result_rate=rate,
-        time_to_train={**time_to_train(result), "ruleset_given": ruleset is not None,
+        time_to_train={**time_to_train(result, real.parent), "ruleset_given": ruleset is not None,
                        "system_file": str(system.path) if system else None, "counts_from": scale.source,
-                       "system": system_record(path, result, system), "sha256": result.sha256, "notes": notes})
+                       "system": record, "sha256": result.sha256, "notes": notes})
     return summary, notes
 
 
 def system_record(path: Path, result: ResultLog, system: SystemFile | None) -> dict[str, str | None]:
     """Which system ran it, as result_summarizer names one: the ``<system>`` directory of
-    ``results/<system>/<benchmark>/result_*.txt``, or of ``<system>/<benchmark>/`` where the folder
-    is named after the log's benchmark (else None), and the systems file's name, accelerator and
-    submitter, else the log's."""
-    folder = path.resolve().parent
+    ``results/<system>/<benchmark>/result_*.txt`` (``path``: the resolved result file), or of
+    ``<system>/<benchmark>/`` where the folder is named after the log's benchmark (else None), and the
+    systems file's name, accelerator and submitter, else the log's."""
+    folder = path.parent
     in_layout = folder.name == result.benchmark or system_file_path(path) is not None
     return {
         "directory": (folder.parent.name or None) if in_layout else None,
-        "name": (system and system.name) or _real(result.system.get("system_name")),
-        "accelerator": (system and system.accelerator) or _real(result.system.get("accelerator_model_name")),
-        "submitter": (system and system.submitter) or _real(result.values.get("submission_org")),
+        "name": (system and system.name) or stated_name(result.system.get("system_name")),
+        "accelerator": (system and system.accelerator) or stated_name(result.system.get("accelerator_model_name")),
+        "submitter": (system and system.submitter) or result.submitter,
     }
 
 
@@ -504,8 +605,8 @@ class Scale:
 
 def _scale(path: Path, result: ResultLog, system: SystemFile | None, given: int | None,
            gpus_per_node: int | None) -> tuple[Scale, list[str]]:
-    """The systems file's counts, else the log's; ``given`` only where neither states them. A count
-    the log states that is no plausible count is never taken, and said."""
+    """The systems file's counts, else the log's; ``given`` (on the platform's nodes) only where neither
+    states them. A count the log states that is no plausible count is never taken, and said."""
     notes = result.count_notes()
     if system is not None:
         stated = Scale(system.num_nodes, system.num_accelerators, system.shown)
@@ -520,14 +621,39 @@ def _scale(path: Path, result: ResultLog, system: SystemFile | None, given: int 
                           "number_of_nodes / accelerators_per_node, no systems/<system>.json beside results/"
                           f"{''.join(f'; {note}' for note in notes)}) (give --num-gpus)")
     else:
-        nodes = -(-given // gpus_per_node) if gpus_per_node else 1
-        return Scale(nodes, given, "--num-gpus"), [*notes, f"{given} GPUs as given (the log does not state its "
-                                                             "accelerators)"]
-    if given is not None and given != stated.num_accelerators:
-        raise ReportError(f"{printable(path)}: --num-gpus {given} contradicts {stated.source}: {stated.num_nodes} "
-                          f"node(s), {stated.num_accelerators} accelerators (leave --num-gpus out: it is only for "
-                          "logs that do not state their accelerators)")
+        scale, note = _given_scale(path, result, given, gpus_per_node)
+        return scale, [*notes, note]
+    if (given is not None and given != stated.num_accelerators) or \
+            (gpus_per_node is not None and gpus_per_node * stated.num_nodes != stated.num_accelerators):
+        raise ReportError(f"{printable(path)}: {_given_contradict(given, gpus_per_node)} {stated.source}: "
+                          f"{stated.num_nodes} node(s), {stated.num_accelerators} accelerators (leave them out: "
+                          "they are only for logs that do not state their accelerators)")
     return stated, notes
+
+
+def _given_scale(path: Path, result: ResultLog, given: int, gpus_per_node: int | None) -> tuple[Scale, str]:
+    """--num-gpus on the nodes the log's submission_platform names (``18xNVIDIA GB200``: 18), where it
+    names them, and a count that does not fit them refused; else on nodes of --gpus-per-node."""
+    nodes = _platform_nodes(result.platform)
+    if nodes is None:
+        per_node = gpus_per_node or DEFAULT_GPUS_PER_NODE
+        nodes = -(-given // per_node)
+        return Scale(nodes, given, "--num-gpus"), (f"{given} accelerators as given, on {nodes} node(s) of {per_node} "
+                                                   "(the log does not state its accelerators or nodes)")
+    platform = f"submission_platform {printable(repr(result.platform))}"
+    if given % nodes or (gpus_per_node is not None and gpus_per_node * nodes != given):
+        raise ReportError(f"{printable(path)}: {_given_contradict(given, gpus_per_node)} the log's "
+                          f"{platform}: {nodes} node(s) (give a --num-gpus that is {nodes} x the accelerators per "
+                          "node)")
+    return Scale(nodes, given, "--num-gpus"), (f"{given} accelerators as given, on the {nodes} node(s) of the log's "
+                                               f"{platform} ({given // nodes} per node)")
+
+
+def _given_contradict(given: int | None, gpus_per_node: int | None) -> str:
+    """The counts the user gave, as given on the command line, and the verb: ``--num-gpus 8 contradicts``."""
+    shown = [f"--{option} {value}" for option, value in (("num-gpus", given), ("gpus-per-node", gpus_per_node))
+             if value is not None]
+    return f"{' and '.join(shown)} {'contradicts' if len(shown) == 1 else 'contradict'}"
 
 
 def _disagreement(result: ResultLog, system: SystemFile) -> list[str]:
@@ -551,22 +677,82 @@ def _status(result: ResultLog) -> tuple[str, str | None]:
     if result.minutes is None:
         return "failed", (f"run_stop ({result.run_stop_ms:.0f} ms) is before run_start ({result.run_start_ms:.0f} "
                           "ms): no time to train to count")
+    if result.stop_status is None:
+        return "failed", "run_stop states no status: whether the target quality was reached is not known"
     if result.stop_status != "success":
         return "failed", f"run_stop status {result.stop_status!r}: the target quality was not reached"
     return "completed", None
 
 
-def _samples_per_s(result: ResultLog) -> float | None:
-    """The mean of the log's own throughput lines (samples/s as the benchmark reports it); None without."""
-    return statistics.fmean(rate for _, rate in result.throughputs) if result.throughputs else None
+def _rate(result: ResultLog) -> tuple[ResultRate, list[str]]:
+    """samples/s: the mean of the log's own throughput lines (as the benchmark reports it), divided by
+    max_sequence_length where their step counts tokens (NVIDIA's gpt3 callback logs tokens/s); None
+    without lines, or where a token rate cannot be checked against the run's count over its time."""
+    if not result.throughputs:
+        return ResultRate(None, None), []
+    mean = statistics.fmean(logged.rate for logged in result.throughputs)
+    batch = _token_batch(result)
+    if batch is None:
+        return ResultRate(mean, RATE_SOURCE), []
+    return _from_token_rate(result, mean, batch)
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """A step of a log that counts tokens: global_batch_size sequences of max_sequence_length tokens."""
+
+    samples: int
+    seq_length: int
+
+    @property
+    def tokens(self) -> int:
+        return self.samples * self.seq_length
+
+
+def _token_batch(result: ResultLog) -> TokenBatch | None:
+    """The log's batch where every throughput line's step is a whole number of batches of tokens
+    (gpt3's logs count tokens, as its eval_accuracy epoch_num does); None where a step counts samples
+    (llama31_8b: 172,032 is no multiple of 32 x 8192) or the log does not say."""
+    seq_length = plausible_count(result.values.get("max_sequence_length"))[0]
+    samples = _stated_batch(result.values.get("global_batch_size"))
+    steps = [logged.step for logged in result.throughputs if is_int(logged.step)]
+    if seq_length is None or seq_length == 1 or samples is None or not steps:
+        return None
+    batch = TokenBatch(samples, seq_length)
+    return batch if all(step > 0 and step % batch.tokens == 0 for step in steps) else None
+
+
+def _from_token_rate(result: ResultLog, mean: float, batch: TokenBatch) -> tuple[ResultRate, list[str]]:
+    """A rate in tokens/s as samples/s, checked first against the tokens its last line counts since run_start."""
+    last = max((logged for logged in result.throughputs if is_int(logged.step)), key=lambda logged: logged.time_ms)
+    counted = (f"its step counts tokens: {last.step:,} = {last.step // batch.tokens:,} x global_batch_size "
+               f"{batch.samples} x max_sequence_length {batch.seq_length}")
+    seconds = (last.time_ms - result.run_start_ms) / 1000 if result.run_start_ms is not None else 0.0
+    if seconds <= 0:
+        return ResultRate(None, None), [f"the log's throughput is tokens/s ({counted}), but no run_start before it "
+                                        "dates that count: samples/s not given"]
+    over_run = last.step / seconds
+    if not 1 / RATE_AGREEMENT <= mean / over_run <= RATE_AGREEMENT:
+        return ResultRate(None, None), [f"the log's throughput {mean:,.0f}/s looks like tokens/s ({counted}), but "
+                                        f"that is {over_run:,.0f} tokens/s over the {seconds:,.0f} s since run_start: "
+                                        "its unit is not known, samples/s not given"]
+    return ResultRate(mean / batch.seq_length, TOKEN_RATE_SOURCE), [
+        f"the log's throughput {mean:,.0f}/s is tokens/s ({counted}, {over_run:,.0f} tokens/s over the {seconds:,.0f} "
+        f"s since run_start): samples/s is it divided by max_sequence_length, {mean / batch.seq_length:,.2f}"]
 
 
 def _notes(result: ResultLog, error: str | None) -> list[str]:
-    notes = [f"{error}; not counted as a converged run"] if error else []
+    notes = [*result.ends.notes(), *([f"{error}; not counted as a converged run"] if error else [])]
+    if result.stop_status not in (None, "success") and result.minutes is not None and result.compliance.compliant:
+        notes.append(f"result_summarizer would count it ({result.minutes:.2f} min): it does not read run_stop's "
+                     "status, and the compliance check passes it (its evaluations reach the target)")
     if not result.compliance.compliant:
         shown = "; ".join(e.splitlines()[0] for e in result.compliance.errors[:3])
         notes.append(f"fails mlperf-logging's compliance check ({result.compliance.ruleset}): {shown}; "
                      "report counts it as a dropped run")
     if result.parse_errors:
         notes.append(f"{len(result.parse_errors)} :::MLLOG line(s) could not be parsed")
+    if result.repeated_lines:
+        notes.append(f"{result.repeated_lines} :::MLLOG line(s) of {', '.join(READ_KEYS)} repeat an earlier line "
+                     "exactly (one event printed by several ranks, as srun -l shows them): each event counted once")
     return notes

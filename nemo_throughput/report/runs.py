@@ -32,6 +32,7 @@ from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
 from nemo_throughput.summary import EXPLAINED, STATUSES, outliers_text, read_summary
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import CountedStep, Workload
+from nemo_throughput.values import stated_name
 from nemo_throughput.window import Window
 from nemo_throughput.timing import PHASE_TIMES
 
@@ -514,11 +515,11 @@ def _training_run(path: Path, summary: dict[str, Any]) -> TrainingRun:
 
 def _training_system(fields: Fields) -> TrainingSystem:
     """time_to_train.system; the GPU as hardware.gpu_name says; the log's submission_org where the
-    summary records no system (an older import)."""
-    gpu = fields.text("hardware.gpu_name")
-    logged = fields.optional("time_to_train.submitter")
+    summary records no submitter. A template's placeholder (UNKNOWN_MLPERF_SUBMITTER, which older
+    imports kept) names no one: every submitter that logs it would be one."""
     return TrainingSystem(
         directory=fields.optional_text("time_to_train.system.directory"),
-        name=fields.optional_text("time_to_train.system.name"), accelerator=None if gpu == "unknown" else gpu,
-        submitter=fields.optional_text("time_to_train.system.submitter")
-        or (logged if isinstance(logged, str) and logged.strip() else None))
+        name=stated_name(fields.optional_text("time_to_train.system.name")),
+        accelerator=stated_name(fields.text("hardware.gpu_name")),
+        submitter=stated_name(fields.optional_text("time_to_train.system.submitter"))
+        or stated_name(fields.optional("time_to_train.submitter")))
