@@ -246,16 +246,22 @@ def check_profile_window(profile_steps: tuple[int, int] | None, warmup_steps: in
 
 
 def check_at_train_start(config: ThroughputConfig, start_step: int, max_steps: int | None,
-                         world_size: int) -> list[str]:
+                         world_size: int, ramp: dict[str, int] | None = None) -> list[str]:
     """The settings against the run's length and size, once known: a profile window outside it is
     refused (:func:`check_profile_window`); returned, what to say of settings it cannot honour: every
-    step warm-up (the summary's figures would all be null), trace ranks it does not have (no trace)."""
+    step warm-up (the summary's figures would all be null), trace ranks it does not have (no trace);
+    and of a batch-size ramp (run_facts.RunFacts.batch_ramp) still under way, that its steps are warm-up."""
     check_profile_window(config.profile_steps, config.warmup_steps, start_step, max_steps)
     said = []
-    if max_steps is not None and start_step + config.warmup_steps >= max_steps:
-        said.append(f"nemo-throughput: steps {start_step + 1}-{max_steps} are all warm-up (warmup_steps "
-                    f"{config.warmup_steps}): this run measures no step, and every figure of its summary will be "
-                    "null. Lower warmup_steps or train more steps.")
+    ramp_steps = ramp["steps"] if ramp else 0
+    if ramp_steps > start_step:
+        said.append(f"nemo-throughput: the global batch ramps up from {ramp['start']} over steps 1-{ramp_steps} "
+                    f"(rampup_batch_size {[ramp['start'], ramp['increment'], ramp['samples']]}): they are warm-up, "
+                    "left out of tokens/s, TFLOPS and MFU, which are the full batch's.")
+    if max_steps is not None and max(start_step + config.warmup_steps, ramp_steps) >= max_steps:
+        why = f"warmup_steps {config.warmup_steps}" + (", and the batch-size ramp" if ramp_steps > start_step else "")
+        said.append(f"nemo-throughput: steps {start_step + 1}-{max_steps} are all warm-up ({why}): this run measures "
+                    "no step, and every figure of its summary will be null. Lower warmup_steps or train more steps.")
     absent = [rank for rank in config.profile_trace_ranks or () if rank >= world_size]
     if config.profile_steps is not None and absent:
         said.append(f"nemo-throughput: profile_trace_ranks names rank(s) {absent} of a run of {world_size}: they "

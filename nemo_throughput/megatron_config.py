@@ -4,7 +4,9 @@ imported: attributes or mapping items (dataclass, DictConfig, dict)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nemo_throughput.values import is_int
@@ -115,3 +117,58 @@ def formula_gaps(config: Any) -> list[str]:
         shown = f"{pattern[:24]}..." if isinstance(pattern, str) and len(pattern) > 24 else pattern
         gaps.append(f"Mamba, Hyena or hybrid layers (hybrid_override_pattern={shown!r})")
     return gaps
+
+
+@dataclass(frozen=True)
+class BatchRamp:
+    """Megatron's batch-size ramp, ``rampup_batch_size: [start, increment, samples]``: the global batch
+    starts at ``start`` and grows by ``increment`` every ``samples / ((final - start) / increment)``
+    samples consumed; once more than ``samples`` are consumed it is the final one (megatron-core's
+    RampupBatchsizeNumMicroBatchesCalculator). NeMo stops training at each change, so a ramped NeMo
+    run is a chain of resumed segments; Megatron-Bridge ramps within one."""
+
+    start: int
+    increment: int
+    samples: int
+
+    @classmethod
+    def from_config(cls, value: Any, final: int) -> BatchRamp | None:
+        """The config's ``rampup_batch_size`` (None: no ramp), checked against the final global batch."""
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 3 \
+                or not all(is_int(v) for v in value) or value[0] < 1 or value[1] < 1 or value[2] < 0:
+            raise ValueError(f"nemo-throughput: rampup_batch_size must be [start, increment, samples] (positive "
+                             f"integers), got {value!r}: fix it in the config.")
+        ramp = cls(*value)
+        if ramp.start > final or (final - ramp.start) % ramp.increment:
+            raise ValueError(f"nemo-throughput: rampup_batch_size {list(value)} cannot reach the global batch size "
+                             f"{final} (start at most it, in steps of the increment): fix it in the config.")
+        return ramp
+
+    def steps_below(self, final: int, per_pass: int | None = None) -> int:
+        """How many optimizer steps train a smaller batch than ``final``, counted as Megatron counts its
+        consumed samples; ``per_pass``: micro-batch x data-parallel size, where Megatron rounds each batch
+        down to a multiple of it (``decrease_batch_size_if_needed``)."""
+        if self.start == final:
+            return 0
+        per_increment = self.samples / ((final - self.start) // self.increment)
+        consumed = steps = 0
+        while consumed <= self.samples:
+            stage = int(consumed / per_increment)
+            batch = self.start + stage * self.increment
+            trained = batch // per_pass * per_pass if per_pass else batch
+            if batch >= final or trained < 1:
+                break
+
+            def in_stage(taken: int) -> bool:  # the (taken + 1)-th step of the stage still trains `batch`
+                after = consumed + taken * trained
+                return after <= self.samples and int(after / per_increment) == stage
+
+            taken = max(1, math.ceil(((stage + 1) * per_increment - consumed) / trained))
+            while taken > 1 and not in_stage(taken - 1):  # the estimate, corrected by Megatron's own rule
+                taken -= 1
+            while in_stage(taken):
+                taken += 1
+            steps, consumed = steps + taken, consumed + taken * trained
+        return steps

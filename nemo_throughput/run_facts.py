@@ -14,13 +14,14 @@ import functools
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import environment
 from nemo_throughput.config import ThroughputConfig, check_flops_settings
 from nemo_throughput.flops import FLOPS_FORMULAS, MEASURED, ModelSpec, model_flops_per_sample, require_positive_int
 from nemo_throughput.hardware import LOW_PRECISION, device_name, resolve_peak
+from nemo_throughput.megatron_config import BatchRamp
 from nemo_throughput.throughput import RATES, Workload
 
 if TYPE_CHECKING:
@@ -75,6 +76,9 @@ class RunFacts:
     # micro-batches per optimizer step on one rank, as the trainer accumulates them (Lightning's
     # accumulate_grad_batches; Megatron accumulates within a step and says 1); None: not known
     batches_per_step: int | None = None
+    # Megatron's batch-size ramp: {"start", "increment", "samples", "steps"}; its first `steps` steps train a
+    # smaller batch than global_batch_size and are warm-up; None: no ramp
+    batch_ramp: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         """Impossible values are refused here, naming them, whoever builds the facts (callback, import)."""
@@ -156,7 +160,8 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
                       batches_per_step: int, world_size: int, num_nodes: int, device: torch.device,
                       framework_dtype: str | None, rank_records: list[dict[str, Any]] | None = None,
                       formula_gaps: Sequence[str] = (), high_precision_layers: int | None = None,
-                      batch_layout: str | None = None) -> RunFacts:
+                      batch_layout: str | None = None, rampup_batch_size: Any = None,
+                      decrease_batch_size_if_needed: bool = False) -> RunFacts:
     """Resolve model shape, batch and hardware: explicit settings first, then what the framework's
     config says (``spec_fields``: ModelSpec fields; ``parallel``: tensor/pipeline/context/...
     sizes; ``batches_per_step``: micro-batches per optimizer step on one rank, used only when the
@@ -164,7 +169,9 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
     ``formula_gaps``: what the model has that the formulas cannot describe (:func:`flops.formula_gaps`).
     ``high_precision_layers``: layers an fp8/fp4 run keeps in bf16, where the framework's config says.
     ``batch_layout``: what the framework's data config says of the batches (batches.PACKED or None),
-    until a readable batch says otherwise; kept for token runs only."""
+    until a readable batch says otherwise; kept for token runs only. ``rampup_batch_size``: Megatron's
+    batch-size ramp (megatron_config.BatchRamp), whose steps are warm-up; ``decrease_batch_size_if_needed``:
+    Megatron trains the global batch rounded down to whole micro-batches on every data-parallel rank."""
     rank_records = rank_records or [environment.rank_record()]
     shape = _shape_fields(config, spec_fields)
     spec = _model_spec(config, shape, source)
@@ -173,7 +180,9 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
     data_parallel = _data_parallel(parallel, world_size)
     micro_batch_size = config.micro_batch_size or micro_batch_size
     global_batch_size = _global_batch_size(config.global_batch_size or global_batch_size, micro_batch_size,
-                                           batches_per_step, data_parallel)
+                                           batches_per_step, data_parallel, decrease_batch_size_if_needed)
+    ramp = BatchRamp.from_config(rampup_batch_size, global_batch_size)
+    per_pass = (micro_batch_size or 0) * data_parallel if decrease_batch_size_if_needed else None
     gpu_name = device_name(device)
     dtype = config.dtype or framework_dtype
     peak, peak_source = resolve_peak(config.peak_tflops, gpu_name, dtype)
@@ -205,6 +214,7 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
         settings=config.to_dict(),
         started_at=started.isoformat(timespec="seconds"),
         batches_per_step=batches_per_step,
+        batch_ramp={**asdict(ramp), "steps": ramp.steps_below(global_batch_size, per_pass)} if ramp else None,
     )
 
 
@@ -242,10 +252,11 @@ def _data_parallel(parallel: Mapping[str, int], world_size: int) -> int:
 
 
 def _global_batch_size(global_batch_size: int | None, micro_batch_size: int | None, batches_per_step: int,
-                       data_parallel: int) -> int:
+                       data_parallel: int, decrease_if_needed: bool = False) -> int:
     """Samples per optimizer step, as given or from the micro-batches (refused where they disagree).
     One optimizer step trains micro_batch_size samples on each data-parallel rank at least, in whole
-    micro-batches: a global batch that is not a multiple of that would make every rate wrong."""
+    micro-batches: a global batch that is not a multiple of that would make every rate wrong, unless
+    Megatron rounds it down to one (``decrease_if_needed``: that is the batch trained)."""
     if global_batch_size is None and micro_batch_size is not None:
         global_batch_size = micro_batch_size * batches_per_step * data_parallel
     if global_batch_size is None:
@@ -256,6 +267,8 @@ def _global_batch_size(global_batch_size: int | None, micro_batch_size: int | No
     if micro_batch_size is None:
         return global_batch_size
     per_pass = micro_batch_size * data_parallel
+    if decrease_if_needed and global_batch_size >= per_pass:
+        return global_batch_size // per_pass * per_pass
     if global_batch_size % per_pass:
         raise ValueError(
             f"nemo-throughput: global_batch_size {global_batch_size} is not a positive multiple of micro_batch_size "

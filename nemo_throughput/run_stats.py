@@ -75,10 +75,12 @@ class RunStats:
     statistics, like warm-up steps."""
 
     def __init__(self, world_size: int, warmup_steps: int, start_step: int = 0,
-                 excluded: tuple[int, int] | None = None) -> None:
+                 excluded: tuple[int, int] | None = None, ramp_steps: int = 0) -> None:
+        """``ramp_steps``: steps 1 to it train a batch-size ramp's smaller batches: warm-up too."""
         self.world_size = world_size
         self.warmup_steps = warmup_steps
         self.start_step = start_step  # global step the run (or its resumption) began at
+        self._warm_through = max(start_step + warmup_steps, ramp_steps)  # the last warm-up step
         self.excluded = excluded
         self.skipped: set[int] = set()
         self.last_step: int | None = None
@@ -93,7 +95,7 @@ class RunStats:
         self._longest: list[tuple[float, int, str | None]] = []  # min-heap: (global s, step, phase)
 
     def is_warmup(self, step: int) -> bool:
-        return step <= self.start_step + self.warmup_steps
+        return step <= self._warm_through
 
     def is_excluded(self, step: int) -> bool:
         return self.excluded is not None and self.excluded[0] <= step <= self.excluded[1]

@@ -124,6 +124,7 @@ def _batch(facts: RunFacts, workload: Workload) -> dict[str, Any]:
         "counted": _counted(counted),
         "uncounted": facts.batch_uncounted,
         "uncounted_batches": facts.batch_uncounted_batches,
+        "rampup": facts.batch_ramp,
     }
 
 

@@ -221,7 +221,7 @@ def test_images_without_a_sequence_length_are_rated_in_samples_per_s(tmp_path, q
     assert throughput["days_to_train_1t_tokens"] is None
     assert summary["batch"] == {"global_batch_size": 8, "micro_batch_size": 4, "seq_length": None,
                                 "tokens_per_step": None, "token_count": None, "layout": None,
-                                "counted": None, "uncounted": None, "uncounted_batches": None}
+                                "counted": None, "uncounted": None, "uncounted_batches": None, "rampup": None}
     # model TFLOPS and MFU still come from the FLOPs per sample
     flops = summary["model"]["flops_per_sample"]
     assert throughput["model_tflops_per_gpu"] == pytest.approx(8 * flops / mean / 1e12)

@@ -39,7 +39,7 @@ def test_completed_run_summary_reads_shape_and_batch_from_the_nemo_style_config(
     # batch: global 4 = micro 2 x accumulation 2 (from cfg.model), tokens from the config, not the batch
     assert summary["batch"] == {"global_batch_size": 4, "micro_batch_size": 2, "seq_length": 16,
                                 "tokens_per_step": 64, "token_count": "config", "layout": "fixed", "counted": None,
-                                "uncounted": None, "uncounted_batches": 0}
+                                "uncounted": None, "uncounted_batches": 0, "rampup": None}
     spec = summary["model"]["spec"]
     assert (spec["num_layers"], spec["hidden_size"], spec["num_attention_heads"], spec["ffn_hidden_size"],
             spec["seq_length"], spec["vocab_size"], spec["gated_linear_unit"]) == (1, 32, 4, 64, 16, 128, False)
@@ -174,6 +174,21 @@ def test_one_callback_per_trainer(tmp_path, quiet_trainer_kwargs):
     trainer = pl.Trainer(max_steps=2, callbacks=twice, logger=False, **quiet_trainer_kwargs)
     with pytest.raises(ValueError, match="More than one ThroughputCallback"):
         trainer.fit(DemoGPT(tiny_gpt_cfg()))
+
+
+def test_a_nemo_batch_size_ramp_s_steps_are_warm_up(tmp_path, quiet_trainer_kwargs, caplog):
+    """NeMo 1's model.rampup_batch_size: [2, 2, 4] to a global batch of 4 trains steps 1-2 at 2 (NeMo stops
+    and resumes at each change): counted at the full batch they were twice too fast."""
+    import pytorch_lightning as pl
+
+    callback = ThroughputCallback(output_dir=str(tmp_path), log_every_n_steps=3, warmup_steps=1)
+    with caplog.at_level("WARNING", logger="nemo_throughput"):
+        pl.Trainer(max_steps=8, callbacks=[callback], logger=False, **quiet_trainer_kwargs).fit(
+            DemoGPT(tiny_gpt_cfg(rampup_batch_size=[2, 2, 4])))
+    summary = json.loads(open(callback.summary_path).read())
+    assert summary["batch"]["rampup"] == {"start": 2, "increment": 2, "samples": 4, "steps": 2}
+    assert summary["timing"]["steps_measured"] == 8 - 2
+    assert "ramps up from 2 over steps 1-2" in caplog.text
 
 
 def test_reads_a_megatron_core_transformer_config_and_the_data_module(tmp_path, quiet_trainer_kwargs):

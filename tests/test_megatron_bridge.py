@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import sys
 import time
 import types
@@ -55,6 +56,9 @@ bridge_callbacks = _import_bridge_callbacks()
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 from nemo_throughput import BridgeThroughputCallback as ThroughputCallback  # noqa: E402
+from nemo_throughput import environment  # noqa: E402
+from nemo_throughput.adapters.megatron_bridge import describe_bridge_run  # noqa: E402
+from nemo_throughput.config import ThroughputConfig  # noqa: E402
 
 CallbackContext, CallbackManager = bridge_callbacks.CallbackContext, bridge_callbacks.CallbackManager
 
@@ -195,7 +199,7 @@ def test_a_bridge_run_writes_the_lightning_summary_with_skipped_iterations_count
     assert summary["batch"] == {"global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
                                 "tokens_per_step": 8 * 64, "token_count": "config",
                                 "layout": None, "counted": None, "uncounted": None,
-                                "uncounted_batches": None}  # Bridge's callbacks see no batch
+                                "uncounted_batches": None, "rampup": None}  # Bridge's callbacks see no batch
     spec = summary["model"]["spec"]
     shape = (spec["num_layers"], spec["hidden_size"], spec["num_query_groups"], spec["ffn_hidden_size"])
     assert shape == (2, 64, 2, 176)
@@ -447,3 +451,69 @@ def test_impossible_bridge_settings_are_refused_before_the_first_step(tmp_path):
     beyond = ThroughputCallback(output_dir=str(tmp_path / "window"), warmup_steps=1, profile_steps=(4, 8))
     with pytest.raises(ValueError, match=r"ends after the run's last step 6: choose a window inside steps 2-6"):
         run_bridge_loop(llama_like_config(steps=6), beyond)
+
+
+def test_a_batch_size_ramp_is_warm_up_and_a_decreased_batch_is_the_one_trained(tmp_path, caplog):
+    """Bridge ramps the global batch within its loop: the rates are the full batch's, so the ramp's steps
+    (counted as megatron-core's calculator counts them) are warm-up; with decrease_batch_size_if_needed
+    the batch trained is the global one rounded down to whole micro-batches (before: refused)."""
+    cfg = llama_like_config(steps=24)
+    cfg.train.global_batch_size, cfg.train.rampup_batch_size = 16, [4, 4, 96]  # 4 x 8, 8 x 4, 12 x 3: 15 steps
+    callback = ThroughputCallback(output_dir=str(tmp_path / "ramp"), log_every_n_steps=4, warmup_steps=2)
+    with caplog.at_level("WARNING", logger="nemo_throughput"):
+        run_bridge_loop(cfg, callback)
+    summary = read_json(callback.summary_path)
+    assert summary["batch"]["rampup"] == {"start": 4, "increment": 4, "samples": 96, "steps": 15}
+    assert summary["timing"]["steps_measured"] == 24 - 15 and summary["batch"]["global_batch_size"] == 16
+    assert "the global batch ramps up from 4 over steps 1-15 (rampup_batch_size [4, 4, 96]): they are warm-up" \
+        in caplog.text
+
+    cfg = llama_like_config(steps=4)
+    cfg.train.global_batch_size, cfg.train.decrease_batch_size_if_needed = 9, True  # micro-batch 2, one rank
+    callback = ThroughputCallback(output_dir=str(tmp_path / "decreased"), log_every_n_steps=2, warmup_steps=1)
+    run_bridge_loop(cfg, callback)
+    assert read_json(callback.summary_path)["batch"]["global_batch_size"] == 8
+
+
+@pytest.mark.parametrize("decrease", [False, True])
+def test_the_ramp_s_steps_are_those_megatron_core_trains_below_the_full_batch(decrease):
+    """megatron-core's own calculator, stepped as its training loop steps it (update at the samples
+    consumed, then consume the running batch), over 300 ramps: the same count of smaller steps."""
+    import random
+
+    from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
+
+    from nemo_throughput.megatron_config import BatchRamp
+
+    rng = random.Random(decrease)
+    for _ in range(300):
+        micro, data_parallel = rng.choice([1, 2, 4]), rng.choice([1, 2, 3])
+        per_pass = micro * data_parallel
+        if decrease:  # any batches: Megatron rounds each down to whole micro-batches on every rank
+            start, increment = rng.randint(per_pass, 40), rng.randint(1, 12)
+        else:
+            start, increment = per_pass * rng.randint(1, 8), per_pass * rng.randint(1, 4)
+        final, samples = start + increment * rng.randint(1, 10), rng.randint(0, 3000)
+        calculator = RampupBatchsizeNumMicroBatchesCalculator(final, micro, data_parallel, decrease, 1, start,
+                                                              increment, samples)
+        consumed = smaller = 0
+        while True:
+            calculator.update(consumed, consistency_check=True)
+            if calculator.get_current_global_batch_size() == final:
+                break
+            consumed += calculator.get_current_running_global_batch_size()
+            smaller += 1
+        assert BatchRamp(start, increment, samples).steps_below(final, per_pass if decrease else None) == smaller
+
+
+@pytest.mark.parametrize("ramp, message", [
+    ([4, 4], "must be [start, increment, samples]"), ("4 4 96", "must be [start, increment, samples]"),
+    ([0, 4, 96], "must be [start, increment, samples]"), ([4, 4, -1], "must be [start, increment, samples]"),
+    ([4.0, 4, 96], "must be [start, increment, samples]"), ([True, 4, 96], "must be [start, increment, samples]"),
+    ([20, 4, 96], "cannot reach the global batch size 16"), ([4, 5, 96], "cannot reach the global batch size 16"),
+])
+def test_a_ramp_megatron_could_not_run_is_refused_naming_it(tmp_path, ramp, message):
+    cfg = llama_like_config(steps=2)
+    cfg.train.global_batch_size, cfg.train.rampup_batch_size = 16, ramp
+    with pytest.raises(ValueError, match="rampup_batch_size .*" + re.escape(message)):
+        describe_bridge_run(ThroughputConfig(), cfg, torch.device("cpu"), [environment.rank_record()])

@@ -226,4 +226,5 @@ def describe_run(config: ThroughputConfig, trainer: Any, pl_module: Any,
         num_nodes=trainer.num_nodes, device=trainer.strategy.root_device,
         framework_dtype=dtype_for_precision(trainer.precision, low_precision=module.low_precision),
         rank_records=rank_records, formula_gaps=module.formula_gaps,
-        high_precision_layers=module.high_precision_layers, batch_layout=module.batch_layout)
+        high_precision_layers=module.high_precision_layers, batch_layout=module.batch_layout,
+        rampup_batch_size=module.rampup_batch_size)

@@ -185,7 +185,9 @@ def describe_bridge_run(config: ThroughputConfig, cfg: Any, device: torch.device
         micro_batch_size=getattr(cfg.train, "micro_batch_size", None), batches_per_step=1,
         world_size=len(rank_records), num_nodes=len(hosts), device=device,
         framework_dtype=bridge_dtype(cfg), rank_records=rank_records, formula_gaps=formula_gaps(model),
-        high_precision_layers=high_precision_layers(model), batch_layout=bridge_batch_layout(cfg))
+        high_precision_layers=high_precision_layers(model), batch_layout=bridge_batch_layout(cfg),
+        rampup_batch_size=getattr(cfg.train, "rampup_batch_size", None),
+        decrease_batch_size_if_needed=getattr(cfg.train, "decrease_batch_size_if_needed", False) is True)
 
 
 def bridge_batch_layout(cfg: Any) -> str | None:

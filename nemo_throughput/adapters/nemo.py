@@ -42,6 +42,7 @@ class ModuleFacts:
     high_precision_layers: int | None = None  # layers such a run keeps in bf16, where the config says
     batch_layout: str | None = None  # "packed" when the data module packs sequences (NeMo 2 packed SFT)
     formula_gaps: list[str] = field(default_factory=list)  # what the model has that ModelSpec cannot describe
+    rampup_batch_size: Any = None  # Megatron's batch-size ramp, [start, increment, samples], as the config says
 
 
 def read_module(pl_module: Any, datamodule: Any = None) -> ModuleFacts:
@@ -71,6 +72,7 @@ def _from_nemo1_cfg(cfg: Any, pl_module: Any) -> ModuleFacts:
         parallel=parallel_sizes(cfg),
         low_precision="fp8" if _flag(cfg, "fp8") else None,
         formula_gaps=formula_gaps(cfg),
+        rampup_batch_size=get(cfg, "rampup_batch_size"),
     )
 
 
@@ -102,6 +104,9 @@ def _from_megatron_config(config: Any, pl_module: Any, datamodule: Any) -> Modul
         high_precision_layers=high_precision_layers(config),
         batch_layout=PACKED if packed_size > 0 else None,
         formula_gaps=formula_gaps(config),
+        # NeMo 2: on the data module (fine-tuning) or its MegatronDataSampler (pre-training)
+        rampup_batch_size=get(datamodule, "rampup_batch_size") or get(get(datamodule, "data_sampler"),
+                                                                       "rampup_batch_size"),
     )
 
 

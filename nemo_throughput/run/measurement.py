@@ -127,12 +127,13 @@ class Measurement:
         """``max_steps``: the step training ends at (None: unknown or unlimited)."""
         if self._facts is None:
             return
-        said = check_at_train_start(self.config, steps_done, max_steps, world_size)
+        said = check_at_train_start(self.config, steps_done, max_steps, world_size, self._facts.batch_ramp)
         for warning in said if self.rank == 0 else []:
             log.warning(warning)
         self._last_step, self._in_flight = steps_done, None
+        ramp = self._facts.batch_ramp
         self.stats = RunStats(world_size, self.config.warmup_steps, start_step=steps_done,
-                              excluded=self.config.profile_steps)
+                              excluded=self.config.profile_steps, ramp_steps=ramp["steps"] if ramp else 0)
         self._timer = StepTimer(clock_for(self._device))
         self.publisher.open()
         if self._facts.flops_formula == MEASURED and self.learned.flops_per_sample is None:

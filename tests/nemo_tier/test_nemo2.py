@@ -104,3 +104,34 @@ def test_nemo_run_cli_rejects_a_misspelt_setting(runs):
     result = runs["cli-misspelt"]
     assert result.returncode != 0
     assert "No parameter named 'log_every'" in result.stdout + result.stderr
+
+
+def test_a_batch_size_ramp_is_read_from_nemo2_s_data_modules(tmp_path):
+    """NeMo 2 keeps rampup_batch_size on a pre-training data module's MegatronDataSampler and on a
+    fine-tuning data module itself: both are read, and the ramp's steps (NeMo stops and resumes at
+    each change of batch) become warm-up."""
+    from types import SimpleNamespace
+
+    import torch
+    from nemo.collections.common.tokenizers.null_tokenizer import NullTokenizer
+    from nemo.collections.llm.gpt.data.fine_tuning import FineTuningDataModule
+    from nemo.collections.llm.gpt.data.mock import MockDataModule
+
+    from nemo_throughput.adapters.nemo import read_module
+    from nemo_throughput.config import ThroughputConfig
+    from nemo_throughput.run_facts import resolve_run_facts
+
+    model = SimpleNamespace(config=SimpleNamespace(num_layers=2, hidden_size=64, num_attention_heads=4,
+                                                   vocab_size=1024, seq_length=128))
+    for data in (MockDataModule(seq_length=128, micro_batch_size=1, global_batch_size=16, rampup_batch_size=[4, 4, 96],
+                                tokenizer=NullTokenizer(1024)),
+                 FineTuningDataModule(dataset_root=tmp_path, seq_length=128, micro_batch_size=1, global_batch_size=16,
+                                      rampup_batch_size=[4, 4, 96])):
+        module = read_module(model, data)
+        assert list(module.rampup_batch_size) == [4, 4, 96]
+        facts = resolve_run_facts(ThroughputConfig(), spec_fields=module.spec_fields, source=module.source,
+                                  parallel=module.parallel, global_batch_size=module.global_batch_size,
+                                  micro_batch_size=module.micro_batch_size, batches_per_step=1, world_size=1,
+                                  num_nodes=1, device=torch.device("cpu"), framework_dtype="bf16",
+                                  rampup_batch_size=module.rampup_batch_size)
+        assert facts.batch_ramp == {"start": 4, "increment": 4, "samples": 96, "steps": 15}
