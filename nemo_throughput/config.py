@@ -21,6 +21,9 @@ LARGEST_FLOPS_PER_SAMPLE = 1e21  # a 10-trillion-parameter model on a million-to
 # UTF-8 bytes in run_name or model_name: a run's name names its directory where output_dir holds another
 # run (a file name is at most 255 bytes; the default name adds ~25 to the model's, a repeat `-NN`)
 LONGEST_NAME_BYTES = 200
+# prometheus.linger_s: the endpoint serves after the run until a scrape reads the final figures, at most this
+DEFAULT_LINGER_S = 30.0  # two of Prometheus' default 15 s scrapes
+LONGEST_LINGER_S = 3600.0
 
 
 @dataclass
@@ -107,7 +110,8 @@ class ThroughputConfig:
     validation or checkpoint save: no step ends during those either."""
     prometheus: Mapping[str, Any] | None = None
     """Serve live metrics at `http://<addr>:<port>/metrics` from rank 0: `{port, addr, linger_s}` (`addr`
-    default `0.0.0.0`; `linger_s`: keep serving that long after the run ends, for a last scrape). Default:
+    default `0.0.0.0`; `linger_s`: after the run ends, serve until a scrape has read its final figures, at most
+    that long, default 30, at most 3600; 0: stop at once). Default:
     on when `$NEMO_THROUGHPUT_PROMETHEUS_PORT` is set, on that port. Needs
     `pip install 'nemo-throughput[prometheus]'`; a port already taken is a warning, and training goes on."""
 
@@ -305,13 +309,13 @@ def checked_prometheus(value: Any) -> dict[str, Any] | None:
     unknown = sorted(set(value) - {"port", "addr", "linger_s"})
     if unknown or "port" not in value:
         raise ValueError(f"prometheus needs port (and may have addr, linger_s); got unknown {unknown}; {example}")
-    port, addr, linger_s = value["port"], value.get("addr", "0.0.0.0"), value.get("linger_s", 0.0)
+    port, addr, linger_s = value["port"], value.get("addr", "0.0.0.0"), value.get("linger_s", DEFAULT_LINGER_S)
     if not is_int(port) or not 0 <= port <= 65535:
         raise ValueError(f"prometheus.port must be a TCP port (0-65535; 0: any free one), got {port!r}")
     if not isinstance(addr, str) or not addr:
         raise ValueError(f"prometheus.addr must be the address to listen on (e.g. 0.0.0.0), got {addr!r}")
-    if not is_number(linger_s) or not 0 <= linger_s < math.inf:
-        raise ValueError(f"prometheus.linger_s must be seconds >= 0, got {linger_s!r}")
+    if not is_number(linger_s) or not 0 <= linger_s <= LONGEST_LINGER_S:
+        raise ValueError(f"prometheus.linger_s must be seconds from 0 to {LONGEST_LINGER_S:g}, got {linger_s!r}")
     return {"port": port, "addr": addr, "linger_s": float(linger_s)}
 
 

@@ -15,15 +15,23 @@ is each rank's time per step that names the straggler (run_stats.Interval.rank_s
 :meth:`PrometheusEndpoint.last_step` (from the stall watch's looks, and at log steps). The gauges
 change on the reporting thread, never on a step. A port already taken is a warning: training goes on without
 the endpoint.
+
+The endpoint shares the training process, so no peer may cost it more than a bounded share of it: at
+most MAX_CONNECTIONS requests are served at once (more are closed at once), and a peer that sends
+nothing for REQUEST_TIMEOUT_S is dropped (idle connections, each a thread and a file descriptor,
+had exhausted the process's descriptors and failed the run).
 """
 
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from nemo_throughput.config import checked_prometheus
 from nemo_throughput.environment import ENV_PROMETHEUS_PORT, job_details
@@ -37,6 +45,9 @@ from nemo_throughput.values import whole_number
 log = package_logger(__name__)
 
 PREFIX = "nemo_throughput_"
+MAX_CONNECTIONS = 16  # requests served at once; a scraper needs one
+REQUEST_TIMEOUT_S = 10.0  # a peer silent this long is dropped
+_serving: dict[tuple[str, int], PrometheusEndpoint] = {}  # this process's endpoints, by address: a lingering one yields
 RUN_LABELS = ("run", "run_id", "label", "model", "job_id")  # on every series
 RANK_LABELS = ("rank", "node", "gpu")  # on the per-rank series
 # Global step times from tens of milliseconds (small models) to minutes (the largest, at scale).
@@ -100,16 +111,22 @@ class PrometheusEndpoint:
         self._status = Enum(PREFIX + "status", "the run's status, as its summary says", RUN_LABELS,
                             states=list(STATUSES), registry=self.registry)
         self._status.labels(*self._labels).state("running")
-        self._server: Any = None
+        self._server: _BoundedServer | None = None
+        self._closed_at: float | None = None  # time.monotonic() when the run ended
+        self._final_read = threading.Event()  # a scrape that began after the run ended was served
+        self._linger: threading.Thread | None = None  # serving on after the run ended, until _final_read
         self._lock = threading.Lock()  # the reporting thread and the end of the run both update
 
     def serve(self) -> bool:
-        """Start serving; a port already taken (or any other error) is a warning, and no endpoint."""
-        from prometheus_client import start_http_server
-
+        """Start serving; a port already taken (or any other error) is a warning, and no endpoint. An
+        endpoint of this process's previous run still lingering on the port stops first."""
         port, addr = self.setting["port"], self.setting["addr"]
+        previous = _serving.get((addr, port))
+        if previous is not None and previous._linger is not None:
+            previous._final_read.set()  # its run has ended: it stops serving now, freeing the port
+            previous._linger.join()
         try:
-            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+            self._server = _BoundedServer.serve(addr, port, self.registry, self._served)
         except OSError as error:
             log.warning("nemo-throughput: no Prometheus endpoint: could not listen on %s:%d (%s). Training goes "
                         "on; choose a free port with prometheus.port or %s.", addr, port, error,
@@ -117,6 +134,8 @@ class PrometheusEndpoint:
             return False
         host = f"[{addr}]" if ":" in addr else addr  # an IPv6 address is bracketed in a URL (RFC 3986)
         self.address = f"{host}:{self._server.server_port}"
+        if port:
+            _serving[(addr, port)] = self
         log.info("nemo-throughput: Prometheus metrics at http://%s/metrics", self.address)
         return True
 
@@ -157,21 +176,87 @@ class PrometheusEndpoint:
             _set_or_remove(gauge, (*self._labels, window), values.get(key))
 
     def close(self, linger_s: float = 0.0) -> None:
-        """Stop serving, after ``linger_s`` seconds (a thread the interpreter waits for at exit) so that
-        a scrape can still read the final figures."""
+        """Stop serving once a scrape has read the final figures, or after ``linger_s`` seconds at most
+        (a thread the interpreter waits for at exit); at once with ``linger_s`` 0."""
         server, self._server = self._server, None
         if server is None:
             return
+        self._closed_at = time.monotonic()
 
         def stop() -> None:
-            time.sleep(linger_s)
+            self._final_read.wait(linger_s)
             server.shutdown()
             server.server_close()
+            if _serving.get((self.setting["addr"], self.setting["port"])) is self:
+                del _serving[(self.setting["addr"], self.setting["port"])]
 
         if linger_s > 0:
-            threading.Thread(target=stop, name="nemo-throughput-prometheus-linger", daemon=False).start()
+            self._linger = threading.Thread(target=stop, name="nemo-throughput-prometheus-linger", daemon=False)
+            self._linger.start()
         else:
             stop()
+
+
+    def _served(self, began: float) -> None:
+        """A request that began at ``began`` (time.monotonic()) was answered."""
+        if self._closed_at is not None and began >= self._closed_at:
+            self._final_read.set()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Logs no request; a peer that sends nothing for REQUEST_TIMEOUT_S is dropped."""
+
+    timeout = REQUEST_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """prometheus_client's WSGI app, a thread per request, at most MAX_CONNECTIONS at once."""
+
+    daemon_threads = True
+    request_queue_size = 64  # connections the kernel holds until accepted (socketserver's 5 made peers retry)
+
+    @classmethod
+    def serve(cls, addr: str, port: int, registry: Any, served: Callable[[float], None]) -> _BoundedServer:
+        """Serving on a thread of its own; ``served(began)`` is told of each request answered."""
+        from prometheus_client import make_wsgi_app
+
+        app = make_wsgi_app(registry)
+
+        def counted(environ: dict[str, Any], start_response: Any) -> Any:
+            began = time.monotonic()
+            try:
+                return app(environ, start_response)
+            finally:
+                served(began)
+
+        family, _, _, _, address = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        server_class = type(cls.__name__, (cls,), {"address_family": family})  # IPv6 where addr is one
+        server = make_server(address[0], port, counted, server_class, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="nemo-throughput-prometheus", daemon=True).start()
+        return server
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):  # every slot taken: this one is closed at once
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def _rank_labels(place: Mapping[str, Any]) -> tuple[str, str, str]:

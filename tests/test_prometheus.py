@@ -6,6 +6,8 @@ what they fire on: test_prometheus_alerts.py)."""
 
 import json
 import math
+import os
+import re
 import socket
 import subprocess
 import time
@@ -21,7 +23,7 @@ from nemo_throughput.config import ThroughputConfig
 from nemo_throughput.explain.telemetry import FIELDS
 from nemo_throughput.explain.telemetry_stats import GIB, TelemetryStats
 from nemo_throughput.progress import summary_metrics
-from nemo_throughput.prometheus import PrometheusEndpoint, prometheus_setting
+from nemo_throughput.prometheus import RANK_LABELS, RUN_LABELS, PrometheusEndpoint, prometheus_setting
 
 DASHBOARD = Path(__file__).parents[1] / "launchers" / "grafana" / "nemo-throughput.json"
 ALERT_RULES = Path(__file__).parents[1] / "launchers" / "prometheus" / "nemo-throughput-alerts.yml"
@@ -184,13 +186,19 @@ def test_a_real_prometheus_scrapes_a_two_rank_run_and_holds_the_summary_s_number
                 "NemoThroughputThrottled"} < set(loaded)
         assert all(rule["health"] == "ok" for rule in loaded.values()), loaded
 
-        # Every query of the Grafana dashboard returns data from this Prometheus.
+        # Every query of the Grafana dashboard returns data from this Prometheus; each label a legend shows
+        # is one the endpoint exports (the alerts' are the rules' own; an empty one, a CPU's gpu, Prometheus
+        # drops); the Status panel shows its label by name (it showed only `1`: the status is a label).
         end = time.time()
         for panel in json.loads(DASHBOARD.read_text())["panels"]:
             for target in panel["targets"]:
                 expr = target["expr"].replace("$run", ".+").replace("$__rate_interval", "5s")
                 result = server.api("query_range", query=expr, start=end - 120, end=end, step=SCRAPE_S)
                 assert result, f"{panel['title']}: {expr} returned no data"
+                shown = re.findall(r"\{\{(\w+)\}\}", target.get("legendFormat", "")) if "ALERTS" not in expr else []
+                assert set(shown) <= {*RUN_LABELS, *RANK_LABELS, "nemo_throughput_status"}, panel["title"]
+            if panel["title"] == "Status":
+                assert panel["options"]["textMode"] == "name" and "{{nemo_throughput_status}}" in target["legendFormat"]
     finally:
         if synthetic is not None:
             synthetic.close()
@@ -200,10 +208,11 @@ def test_a_real_prometheus_scrapes_a_two_rank_run_and_holds_the_summary_s_number
 def test_the_endpoint_is_opt_in_by_setting_or_variable_and_a_taken_port_is_a_warning(caplog):
     assert prometheus_setting(None, {}) is None
     assert prometheus_setting(None, {"NEMO_THROUGHPUT_PROMETHEUS_PORT": "9464"}) == {
-        "port": 9464, "addr": "0.0.0.0", "linger_s": 0.0}
+        "port": 9464, "addr": "0.0.0.0", "linger_s": 30.0}
     setting = prometheus_setting({"port": 0, "addr": "127.0.0.1"}, {"NEMO_THROUGHPUT_PROMETHEUS_PORT": "9464"})
-    assert setting == {"port": 0, "addr": "127.0.0.1", "linger_s": 0.0}  # the setting wins
-    for bad in ({"port": 70000}, {"addr": "x"}, {"port": "9464"}, {"port": 1, "linger_s": -1}, 9464):
+    assert setting == {"port": 0, "addr": "127.0.0.1", "linger_s": 30.0}  # the setting wins
+    for bad in ({"port": 70000}, {"addr": "x"}, {"port": "9464"}, {"port": 1, "linger_s": -1}, 9464,
+                {"port": 1, "linger_s": 1e300}, {"port": 1, "linger_s": 3601}, {"port": 1, "linger_s": math.nan}):
         with pytest.raises(ValueError, match="prometheus"):
             ThroughputConfig(prometheus=bad)
     for bad in ("http", "99999", "-1", "²", "1e3", "٣"):  # "²".isdigit() is True, and int("²") raises
@@ -216,6 +225,80 @@ def test_the_endpoint_is_opt_in_by_setting_or_variable_and_a_taken_port_is_a_war
                                       dict.fromkeys(("run", "run_id", "label", "model", "job_id"), "x"))
         assert not endpoint.serve()
     assert "Training goes on" in caplog.text
+
+
+def scrape(address: str, timeout: float = 10.0) -> bytes:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as response:
+        return response.read()
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_idle_connections_cost_the_run_a_bounded_number_of_descriptors_and_then_are_dropped(monkeypatch):
+    """Connections that send nothing each held a thread and a file descriptor for good: some hundreds
+    exhausted the training process's descriptors and failed the run. At most MAX_CONNECTIONS are
+    served at once (more are closed at once), and a silent one is dropped after the timeout."""
+    from nemo_throughput import prometheus
+
+    monkeypatch.setattr(prometheus._QuietHandler, "timeout", 0.5)
+    endpoint = PrometheusEndpoint({"port": 0, "addr": "127.0.0.1", "linger_s": 0.0}, dict.fromkeys(RUN_LABELS, "x"))
+    assert endpoint.serve()
+    host, port = endpoint.address.rsplit(":", 1)
+    before = open_descriptors()
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(3 * prometheus.MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.2)
+        # each idle client's own socket, and the server's for at most MAX_CONNECTIONS of them (+ a slack of 2)
+        assert open_descriptors() - before <= len(idle) + prometheus.MAX_CONNECTIONS + 2
+        refused = 0
+        for client in idle:
+            client.settimeout(5)
+            try:
+                refused += client.recv(1) == b""  # closed by the server: the cap, or the timeout
+            except ConnectionResetError:
+                refused += 1
+        assert refused == len(idle)
+        assert b"nemo_throughput_status" in scrape(endpoint.address)  # the slots are free again
+    finally:
+        for client in idle:
+            client.close()
+        endpoint.close()
+
+
+def test_after_the_run_the_endpoint_serves_until_a_scrape_reads_its_final_figures():
+    """linger_s is the most it waits; the first scrape after the run's end ends it (before: a run without
+    linger_s was last seen running, one or two log intervals behind its summary)."""
+    endpoint = PrometheusEndpoint({"port": 0, "addr": "127.0.0.1", "linger_s": 60.0}, dict.fromkeys(RUN_LABELS, "x"))
+    assert endpoint.serve()
+    endpoint._status.labels(*endpoint._labels).state("completed")  # as the final summary sets it
+    started = time.monotonic()
+    endpoint.close(linger_s=60.0)
+    assert 'nemo_throughput_status{job_id="x",label="x",model="x",nemo_throughput_status="completed",run="x",' \
+           'run_id="x"} 1.0' in scrape(endpoint.address).decode()
+    while True:  # served until then, closed soon after
+        try:
+            scrape(endpoint.address, timeout=2)
+        except OSError:
+            break
+        assert time.monotonic() - started < 20
+        time.sleep(0.1)
+
+
+def test_a_second_run_in_one_process_takes_the_port_its_lingering_predecessor_holds(caplog):
+    """A notebook or sweep that fits again within linger_s: the new run serves (before: the port was
+    taken, and scrapers read the first run's figures all through the second)."""
+    port = free_port()
+    first = PrometheusEndpoint({"port": port, "addr": "127.0.0.1", "linger_s": 60.0}, dict.fromkeys(RUN_LABELS, "a"))
+    second = PrometheusEndpoint({"port": port, "addr": "127.0.0.1", "linger_s": 0.0}, dict.fromkeys(RUN_LABELS, "b"))
+    assert first.serve()
+    first.close(linger_s=60.0)
+    try:
+        assert second.serve(), caplog.text
+        assert b'run="b"' in scrape(second.address) and b'run="a"' not in scrape(second.address)
+    finally:
+        second.close()
 
 
 @pytest.mark.slow

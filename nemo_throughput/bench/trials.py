@@ -201,7 +201,7 @@ def _tool(name: str, pl: Any, model: Any, cfg: Any, spec: ModelSpec, first: int,
 
         debug = name.endswith("debug")
         # -prometheus: the live endpoint on too (an ephemeral port on loopback)
-        prometheus = {"port": 0, "addr": "127.0.0.1"} if name.endswith("prometheus") else None
+        prometheus = {"port": 0, "addr": "127.0.0.1", "linger_s": 0} if name.endswith("prometheus") else None
         return ThroughputCallback(warmup_steps=first, output_dir=out, per_step_jsonl=debug, peak_tflops=None,
                                   log_every_n_steps=1 if debug else LOG_EVERY_N_STEPS, prometheus=prometheus)
     if name == "empty-callback":
