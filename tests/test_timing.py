@@ -268,8 +268,8 @@ def test_the_first_measured_live_figures_leave_the_warmup_steps_out(tmp_path):
             pass
 
         def log_metrics(self, metrics, step=None):
-            if "throughput/step_time_s" in metrics:
-                self.logged.append((step, metrics["throughput/step_time_s"]))
+            if "throughput/step_time_s" in metrics:  # at Lightning's step: the steps done before the last one
+                self.logged.append((step + 1, metrics["throughput/step_time_s"]))
 
     callback = ThroughputCallback(log_every_n_steps=5, warmup_steps=warmup_steps, output_dir=tmp_path,
                                   per_step_jsonl=True, model_name="tiny")

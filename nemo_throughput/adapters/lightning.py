@@ -209,8 +209,15 @@ def step_counter(trainer: Any) -> Any | None:
 
 
 def _loggers(trainer: Any) -> list[tuple[str, LogMetrics]]:
-    """The trainer's loggers (run.reporting.Loggers), each named by its class."""
-    return [(type(logger).__name__, functools.partial(log_metrics_to, logger)) for logger in trainer.loggers]
+    """The trainer's loggers (run.reporting.Loggers), each named by its class, on Lightning's own step axis."""
+    return [(type(logger).__name__, functools.partial(_log_at_lightning_step, logger)) for logger in trainer.loggers]
+
+
+def _log_at_lightning_step(logger: Any, metrics: dict[str, float], step: int) -> None:
+    """An interval's metrics at its last step as Lightning numbers it: Lightning logs what a step logs
+    at the steps done before it (``global_step`` as the step ran), one less than ours, so that our
+    rows and the model's loss of the same step share a row."""
+    log_metrics_to(logger, metrics, step - 1)
 
 
 
