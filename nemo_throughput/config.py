@@ -111,7 +111,7 @@ class ThroughputConfig:
     prometheus: Mapping[str, Any] | None = None
     """Serve live metrics at `http://<addr>:<port>/metrics` from rank 0: `{port, addr, linger_s}` (`addr`
     default `0.0.0.0`; `linger_s`: after the run ends, serve until a scrape has read its final figures, at most
-    that long, default 30, at most 3600; 0: stop at once). Default:
+    that long, default 30, at most 3600; 0, or nothing scraped it during the run: stop at once). Default:
     on when `$NEMO_THROUGHPUT_PROMETHEUS_PORT` is set, on that port. Needs
     `pip install 'nemo-throughput[prometheus]'`; a port already taken is a warning, and training goes on."""
 

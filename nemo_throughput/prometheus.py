@@ -113,6 +113,7 @@ class PrometheusEndpoint:
         self._status.labels(*self._labels).state("running")
         self._server: _BoundedServer | None = None
         self._closed_at: float | None = None  # time.monotonic() when the run ended
+        self._scraped = False  # a request was answered: something scrapes this endpoint
         self._final_read = threading.Event()  # a scrape that began after the run ended was served
         self._linger: threading.Thread | None = None  # serving on after the run ended, until _final_read
         self._lock = threading.Lock()  # the reporting thread and the end of the run both update
@@ -177,28 +178,33 @@ class PrometheusEndpoint:
 
     def close(self, linger_s: float = 0.0) -> None:
         """Stop serving once a scrape has read the final figures, or after ``linger_s`` seconds at most
-        (a thread the interpreter waits for at exit); at once with ``linger_s`` 0."""
+        (a thread the interpreter waits for at exit); at once with ``linger_s`` 0, or where nothing
+        scraped the endpoint while the run trained (nothing will read its end)."""
         server, self._server = self._server, None
         if server is None:
             return
         self._closed_at = time.monotonic()
 
         def stop() -> None:
-            self._final_read.wait(linger_s)
             server.shutdown()
             server.server_close()
             if _serving.get((self.setting["addr"], self.setting["port"])) is self:
                 del _serving[(self.setting["addr"], self.setting["port"])]
 
-        if linger_s > 0:
-            self._linger = threading.Thread(target=stop, name="nemo-throughput-prometheus-linger", daemon=False)
+        def stop_once_read() -> None:
+            self._final_read.wait(linger_s)
+            stop()
+
+        if linger_s > 0 and self._scraped:
+            self._linger = threading.Thread(target=stop_once_read, name="nemo-throughput-prometheus-linger",
+                                            daemon=False)
             self._linger.start()
         else:
             stop()
 
-
     def _served(self, began: float) -> None:
         """A request that began at ``began`` (time.monotonic()) was answered."""
+        self._scraped = True
         if self._closed_at is not None and began >= self._closed_at:
             self._final_read.set()
 

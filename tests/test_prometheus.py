@@ -269,9 +269,17 @@ def test_idle_connections_cost_the_run_a_bounded_number_of_descriptors_and_then_
 
 def test_after_the_run_the_endpoint_serves_until_a_scrape_reads_its_final_figures():
     """linger_s is the most it waits; the first scrape after the run's end ends it (before: a run without
-    linger_s was last seen running, one or two log intervals behind its summary)."""
+    linger_s was last seen running, one or two log intervals behind its summary). An endpoint nothing
+    scraped while the run trained stops at once."""
+    unscraped = PrometheusEndpoint({"port": 0, "addr": "127.0.0.1", "linger_s": 60.0}, dict.fromkeys(RUN_LABELS, "x"))
+    assert unscraped.serve()
+    unscraped.close(linger_s=60.0)
+    with pytest.raises(OSError):
+        scrape(unscraped.address, timeout=2)
+
     endpoint = PrometheusEndpoint({"port": 0, "addr": "127.0.0.1", "linger_s": 60.0}, dict.fromkeys(RUN_LABELS, "x"))
     assert endpoint.serve()
+    scrape(endpoint.address)  # a scraper reads it while the run trains
     endpoint._status.labels(*endpoint._labels).state("completed")  # as the final summary sets it
     started = time.monotonic()
     endpoint.close(linger_s=60.0)
@@ -293,6 +301,7 @@ def test_a_second_run_in_one_process_takes_the_port_its_lingering_predecessor_ho
     first = PrometheusEndpoint({"port": port, "addr": "127.0.0.1", "linger_s": 60.0}, dict.fromkeys(RUN_LABELS, "a"))
     second = PrometheusEndpoint({"port": port, "addr": "127.0.0.1", "linger_s": 0.0}, dict.fromkeys(RUN_LABELS, "b"))
     assert first.serve()
+    scrape(first.address)
     first.close(linger_s=60.0)
     try:
         assert second.serve(), caplog.text
