@@ -208,15 +208,18 @@ def json_text(obj: Any) -> str:
     return _json_value(obj, "") + "\n"
 
 
+_ENCODE = json.JSONEncoder(allow_nan=False).encode  # one encoder, not one per value (a million steps' worth)
+
+
 def _json_value(value: Any, pad: str) -> str:
     inner = pad + "  "
     if isinstance(value, dict) and value:
-        entries = (f"{inner}{json.dumps(key if isinstance(key, str) else json.dumps(key))}: {_json_value(item, inner)}"
+        entries = (f"{inner}{_ENCODE(key if isinstance(key, str) else _ENCODE(key))}: {_json_value(item, inner)}"
                    for key, item in value.items())
         return "{\n" + ",\n".join(entries) + f"\n{pad}}}"
     if isinstance(value, (list, tuple)) and any(isinstance(item, (dict, list, tuple)) for item in value):
         return "[\n" + ",\n".join(inner + _json_value(item, inner) for item in value) + f"\n{pad}]"
-    return json.dumps(value, allow_nan=False)
+    return _ENCODE(value)
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, durable: bool = True) -> None:
