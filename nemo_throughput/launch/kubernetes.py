@@ -16,12 +16,12 @@ import yaml
 from nemo_throughput.launch import (
     TEMPLATES,
     LaunchError,
+    refuse_a_password,
     require_command,
     require_count,
     require_layout,
     require_no_control_characters,
     require_port,
-    refuse_a_password,
 )
 
 TEMPLATE = TEMPLATES / "kubernetes" / "pytorchjob.yaml"

@@ -12,12 +12,12 @@ from pathlib import PurePosixPath
 from nemo_throughput.launch import (
     TEMPLATES,
     LaunchError,
+    refuse_a_password,
     require_command,
     require_count,
+    require_layout,
     require_no_control_characters,
     require_port,
-    refuse_a_password,
-    require_layout,
 )
 
 TEMPLATE = TEMPLATES / "slurm" / "benchmark.sbatch"
@@ -124,10 +124,10 @@ class SlurmJob:
                               "Slurm keeps as another limit or none: give UNLIMITED for no limit")
         if self.image is not None:
             refuse_a_password("--image", self.image)
-        if self.image is not None and not _IMAGE.fullmatch(self.image):
-            raise LaunchError(f"--image {self.image!r} is not a container image Pyxis takes: "
-                              "[USER@][REGISTRY#]IMAGE[:TAG] or the path of a squashfs file, without spaces or "
-                              "shell characters")
+            if not _IMAGE.fullmatch(self.image):
+                raise LaunchError(f"--image {self.image!r} is not a container image Pyxis takes: "
+                                  "[USER@][REGISTRY#]IMAGE[:TAG] or the path of a squashfs file, without spaces or "
+                                  "shell characters")
 
     def _mount_of(self, path: str) -> tuple[str, PurePosixPath, list[str]] | None:
         """(source, destination, flags) of the innermost mount that holds `path` in the container, or None."""
