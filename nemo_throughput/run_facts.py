@@ -107,6 +107,11 @@ class RunFacts:
         return self.model_spec.to_dict() if self.model_spec is not None else None
 
     @property
+    def ramp_steps(self) -> int:
+        """Steps 1 to this train a batch-size ramp's smaller batches (0: no ramp)."""
+        return self.batch_ramp["steps"] if self.batch_ramp else 0
+
+    @property
     def workload(self) -> Workload:
         return Workload(
             global_batch_size=self.global_batch_size,
@@ -181,8 +186,6 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
     micro_batch_size = config.micro_batch_size or micro_batch_size
     global_batch_size = _global_batch_size(config.global_batch_size or global_batch_size, micro_batch_size,
                                            batches_per_step, data_parallel, decrease_batch_size_if_needed)
-    ramp = BatchRamp.from_config(rampup_batch_size, global_batch_size)
-    per_pass = (micro_batch_size or 0) * data_parallel if decrease_batch_size_if_needed else None
     gpu_name = device_name(device)
     dtype = config.dtype or framework_dtype
     peak, peak_source = resolve_peak(config.peak_tflops, gpu_name, dtype)
@@ -214,7 +217,8 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
         settings=config.to_dict(),
         started_at=started.isoformat(timespec="seconds"),
         batches_per_step=batches_per_step,
-        batch_ramp={**asdict(ramp), "steps": ramp.steps_below(global_batch_size, per_pass)} if ramp else None,
+        batch_ramp=_batch_ramp(rampup_batch_size, global_batch_size,
+                               (micro_batch_size or 0) * data_parallel if decrease_batch_size_if_needed else None),
     )
 
 
@@ -276,6 +280,13 @@ def _global_batch_size(global_batch_size: int | None, micro_batch_size: int | No
             "data-parallel rank is the least a step trains). Correct global_batch_size or micro_batch_size "
             "(callbacks.throughput.global_batch_size=... with Hydra).")
     return global_batch_size
+
+
+def _batch_ramp(rampup_batch_size: Any, global_batch_size: int, per_pass: int | None) -> dict[str, int] | None:
+    """RunFacts.batch_ramp: the config's ramp and how many steps it trains below the global batch
+    (``per_pass``: micro-batch x data-parallel size, where Megatron rounds each batch down to it)."""
+    ramp = BatchRamp.from_config(rampup_batch_size, global_batch_size)
+    return {**asdict(ramp), "steps": ramp.steps_below(global_batch_size, per_pass)} if ramp else None
 
 
 def _model_name(config: ThroughputConfig, spec: ModelSpec | None) -> str:

@@ -7,14 +7,13 @@ events: ``train_start``, ``step_start``, ``before_backward``, ``before_optimizer
 ``exception``. The measurement owns the hot path and the run's life cycle; each other concern has
 its room: the batches (batches.BatchCounting), a measured FLOPs count
 (measured_flops.FirstStepFlops), the time to target (target.RunClock), the explanation and the
-log step's vector (explain.run), goodput (goodput.RunGoodput), the intervals' reporting
-(run.reporting) and where the summary goes (run.publishing).
+log step's vector (explain.run), goodput (goodput.RunGoodput), the steps' exchange across ranks
+(run.intervals), the intervals' reporting (run.reporting) and where the summary goes (run.publishing).
 
 Hot path (every step): one clock mark per event, nothing read. Log step (every
-``log_every_n_steps``): collect the previous steps, sample this rank's vector, start their
-all-gather, take the one started on the last log step, and hand it to the reporting thread with
-the run's facts as of now (a frozen snapshot). The end of the run drains that thread before its
-final exchange.
+``log_every_n_steps``): the finished steps go to the reporting thread over an all-gather
+(run.intervals), with the run's facts as of now (a frozen snapshot). The end of the run drains
+that thread before its final exchange.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 
 from nemo_throughput import distributed
-from nemo_throughput.aggregation import Exchange, FinalSteps, Gathered
+from nemo_throughput.aggregation import Exchange, FinalSteps
 from nemo_throughput.batches import BatchCounting, Count
 from nemo_throughput.config import ThroughputConfig, check_at_train_start
 from nemo_throughput.explain.run import RunExplanation
@@ -34,6 +33,7 @@ from nemo_throughput.flops import MEASURED
 from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger
 from nemo_throughput.goodput_run import RunGoodput
 from nemo_throughput.measured_flops import FirstStepFlops
+from nemo_throughput.run.intervals import Intervals
 from nemo_throughput.run.publishing import Publisher
 from nemo_throughput.run.reporting import Loggers, Reporter
 from nemo_throughput.run.stall import stall_watch
@@ -58,7 +58,8 @@ class Measurement:
 
     Which attributes exist when: ``config`` always; after ``set_up``, the facts (frozen),
     ``learned``, the publisher, the explanation, the exchange, the batches, the run clock (a target
-    set) and goodput (rank 0); after ``train_start``, the timer, the statistics and the reporter."""
+    set) and goodput (rank 0); after ``train_start``, the timer, the statistics, the reporter and the
+    intervals' exchange."""
 
     def __init__(self, config: ThroughputConfig) -> None:
         self.config = config
@@ -80,7 +81,7 @@ class Measurement:
         self._reporter: Reporter | None = None
         self._flops: FirstStepFlops | None = None  # flops_formula measured, until the counted step ends
         self._profiling = False  # a profile window is set: the explanation sees every step's start and end
-        self._in_flight: Gathered | None = None
+        self._intervals: Intervals | None = None  # the steps' way to the reporting thread, from train_start
         self._last_step = 0
 
     @property
@@ -130,10 +131,9 @@ class Measurement:
         said = check_at_train_start(self.config, steps_done, max_steps, world_size, self._facts.batch_ramp)
         for warning in said if self.rank == 0 else []:
             log.warning(warning)
-        self._last_step, self._in_flight = steps_done, None
-        ramp = self._facts.batch_ramp
+        self._last_step = steps_done
         self.stats = RunStats(world_size, self.config.warmup_steps, start_step=steps_done,
-                              excluded=self.config.profile_steps, ramp_steps=ramp["steps"] if ramp else 0)
+                              excluded=self.config.profile_steps, ramp_steps=self._facts.ramp_steps)
         self._timer = StepTimer(clock_for(self._device))
         self.publisher.open()
         if self._facts.flops_formula == MEASURED and self.learned.flops_per_sample is None:
@@ -146,6 +146,7 @@ class Measurement:
                                   self._loggers, self._log_rank,
                                   stall_watch(self.config, self.rank, self.publisher.output_dir,
                                               lambda: self._last_step, self.stats.median_step_time_s))
+        self._intervals = Intervals(self._exchange, self._timer, self._reporter, self._explain, self._goodput_pct)
         self._reporter.publish_running(self.facts)
         self._timer.anchor()
 
@@ -218,12 +219,7 @@ class Measurement:
         if step % self.config.log_every_n_steps != 0:
             return None
         vote = self.run_clock.check(metrics, step, after_validation=False) if self.run_clock is not None else None
-        # Steps up to the previous one: their marks are at least one step old.
-        steps, extras = self._timer.collect(step - 1), self._sample(step)
-        finished, self._in_flight = self._in_flight, self._exchange.start(steps, extras)
-        if finished is not None:
-            self._reporter.submit(finished.received(), self.facts)  # waits here; splits on the reporting thread
-        self._reporter.log_pending()
+        self._intervals.log_step(step, self.facts)
         # Our log step's work and the trackers' calls: the next step's logging phase, not its data
         # wait; goodput's step time, not data.
         self._timer.mark(LOGGED)
@@ -313,32 +309,10 @@ class Measurement:
             self.run_clock.stop(steps_done)
 
     def _flush(self, wait_for_device: bool, interrupted: bool = False) -> FinalSteps:
-        """Exchange and absorb every step not yet absorbed, the interval in flight included,
-        waiting for the other ranks at most the final-exchange timeout."""
-        # The in-flight all-gather (default group) is not read: a peer may be gone, and its steps go
-        # again over the final exchange. At the end of a completed run every rank started it, so
-        # it is let end (boundedly): a gloo work left pending aborts the process at exit.
-        if self._in_flight is not None and wait_for_device:
-            self._in_flight.settle(self._exchange.final_timeout_s)
-        self._in_flight = None
-        if wait_for_device:  # else the device may be stuck: leave an open profile window as it is
-            self._explain.close()
-        pending = self._timer.collect(wait=wait_for_device)
-        final = self._exchange.finish(pending, self._reporter.absorbed_through, interrupted,
-                                      self._sample(self._last_step, final=wait_for_device))
-        if final.extras is not None:
-            self._reporter.absorb_extras(final.extras)
-        facts = self.facts
-        for interval in final.intervals():
-            self._reporter.absorb(interval, None, facts)
-        self._reporter.log_pending()
-        if final.missing is not None:
-            log.warning("nemo-throughput: the summary lacks %s.", final.missing)
-        return final
+        return self._intervals.flush(self._last_step, self.facts, wait_for_device, interrupted)
 
-    def _sample(self, step: int, final: bool = False) -> list[float]:
-        """This rank's vector for the log step's all-gather (explain.run's layout), rank 0's goodput % in it."""
-        return self._explain.sample(step, self._goodput.goodput_pct if self._goodput is not None else math.nan, final)
+    def _goodput_pct(self) -> float:
+        return self._goodput.goodput_pct if self._goodput is not None else math.nan
 
     def _finish(self, status: str, error: str | None, missing: str | None) -> None:
         if self._ledger is not None:
