@@ -68,7 +68,13 @@ def write_output(text: str, path: Path | None, option: str) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True, mode: int | None = None) -> None:
-    """Write ``text`` (UTF-8) so that readers see the old file or the new one, never a mix.
+    """Write ``text`` (UTF-8) so that readers see the old file or the new one, never a mix
+    (:func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, text.encode("utf-8"), durable, mode)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, durable: bool = True, mode: int | None = None) -> None:
+    """Write ``data`` so that readers see the old file or the new one, never a mix.
 
     Writes a temporary file in the same directory and renames it over ``path`` (atomic on POSIX
     file systems; a link at ``path`` is replaced, its target untouched). ``durable`` also fsyncs it
@@ -80,8 +86,8 @@ def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True, 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temporary(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
             if durable:

@@ -182,12 +182,16 @@ def test_probe_refuses_bad_arguments_before_any_collective():
 # ---------------------------------------------------------------------------- the command
 @pytest.mark.slow
 def test_command_under_torchrun_prints_the_table_on_rank_zero_and_writes_the_json(tmp_path):
-    output = tmp_path / "probe.json"
+    """--output a link: replaced by the JSON, the file it pointed to left as it was."""
+    output, private = tmp_path / "probe.json", tmp_path / "private.txt"
+    private.write_text("mine\n")
+    output.symlink_to(private)
     result = subprocess.run([BIN / "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
                              "-m", "nemo_throughput.cli", "probe", "--sizes", "4K,64KiB", "--iterations", "5",
                              "--time-budget", "1", "--output", output],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    assert not output.is_symlink() and private.read_text() == "mine\n"
     written = json.loads(output.read_text())
     assert written["world_size"] == 2 and written["backend"] == "gloo"
     assert {(row["op"], row["bytes"]) for row in written["collectives"]} == {

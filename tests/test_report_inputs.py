@@ -273,6 +273,17 @@ def test_plot_draws_labels_that_look_like_mathtext(tmp_path, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_plot_at_a_link_replaces_the_link_and_leaves_its_target_alone(tmp_path, capsys):
+    """savefig wrote through a link into the file it pointed to."""
+    good_run(tmp_path, "a")
+    private, plot = tmp_path / "private.txt", tmp_path / "scaling.svg"
+    private.write_text("mine\n")
+    plot.symlink_to(private)
+    code, _, err = report(tmp_path, "--plot", plot, capsys=capsys)
+    assert code == 0, err
+    assert private.read_text() == "mine\n" and not plot.is_symlink() and b"<svg" in plot.read_bytes()[:400]
+
+
 # ------------------------------------------------------------------------ steps.jsonl and embedded steps
 def write_steps(path: Path, lines: list[str]) -> Path:
     (path.parent / "steps.jsonl").write_text("".join(lines))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_throughput.environment import launcher_env
 from nemo_throughput.explain.probe import DEFAULT_ITERATIONS, DEFAULT_WARMUP, GIB, KIB, MIB, OPS, run_probe
-from nemo_throughput.outputs import check_output_file
+from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
 from nemo_throughput.text import printable
 from nemo_throughput.values import whole_number
 
@@ -172,7 +172,11 @@ def run_command(args: argparse.Namespace) -> int:
     if rank_zero:
         print(render(result), end="", flush=True)
         if args.output is not None:
-            args.output.write_text(json.dumps(result, indent=2) + "\n")
+            try:
+                write_output(json.dumps(result, indent=2) + "\n", args.output, "--output")
+            except OutputPathError as error:  # what the check before cannot see: a full disk
+                print(f"nemo-throughput probe: {printable(error)}", file=sys.stderr)
+                return 2
     return 0
 
 

@@ -3,9 +3,11 @@ and, where the summaries say it, where the step time goes per configuration (sta
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.outputs import write_bytes_atomic
 from nemo_throughput.report.grouping import PHASE_FIELDS, Group, Report
 from nemo_throughput.report.runs import ReportError
 from nemo_throughput.text import printable
@@ -73,8 +75,11 @@ def plot_report(report: Report, path: Path) -> None:
 
 
 def _save(figure: Any, path: Path, plt: Any) -> None:
+    """The image, written whole or not at all (outputs.write_bytes_atomic: a link at ``path`` is replaced)."""
     try:
-        figure.savefig(path, dpi=120)
+        image = io.BytesIO()
+        figure.savefig(image, dpi=120, format=path.suffix.lstrip(".").lower())
+        write_bytes_atomic(path, image.getvalue(), durable=False)
     except OSError as error:
         raise ReportError(f"--plot {path}: cannot write it ({error.strerror or error})") from error
     finally:
