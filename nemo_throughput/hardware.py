@@ -2,9 +2,9 @@
 
 Figures are dense (no 2:4 sparsity) tensor-core peaks per GPU, each row naming its source (the
 vendor's data sheet, unless the vendor publishes none). H100/H200 SXM BF16 is 989.5 and FP8 1979
-TFLOPS, the convention of the public benchmark tables this project reproduces. An unknown or
-ambiguous part gives ``None`` and a warning: MFU is then reported as null rather than computed
-against a guessed peak.
+TFLOPS; where published tables divide by other figures (989, GB200's 2,450), docs/arithmetic.md
+says so under "Published tables". An unknown or ambiguous part gives ``None`` and a warning: MFU
+is then reported as null rather than computed against a guessed peak.
 """
 
 from __future__ import annotations
