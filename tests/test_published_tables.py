@@ -256,18 +256,16 @@ def test_dgxc_mfu_with_our_flops_and_our_peak(row):
     assert 100 * metrics["mfu"] == pytest.approx(mfu_pct, rel=tolerance)
 
 
-@pytest.mark.parametrize("model, digits, real_shape_over_stated", [
-    ("llama3.1-8b", 3, 1.0009), ("llama3.1-70b", 3, 1.0010), ("gpt3-175b", 3, 1.0020), ("grok1-314b", 3, 1.0009),
-    ("llama3.1-405b", 3, 0.9907),  # 16 query groups in the README: it counts 0.9 % more than the model has
-    ("nemotron4-15b", 4, 0.8860),  # K and V as wide as Q: 12.9 % more
-    ("nemotron4-340b", 3, 0.8536),  # 17.2 % more
+@pytest.mark.parametrize("model, seq_length, digits, real_shape_over_stated", [
+    ("llama3.1-8b", 8192, 3, 1.0009), ("llama3.1-70b", 8192, 3, 1.0010), ("gpt3-175b", 2048, 3, 1.0020),
+    ("grok1-314b", 8192, 3, 1.0009),
+    ("llama3.1-405b", 8192, 3, 0.9907),  # 16 query groups in the README: it counts 0.9 % more than the model has
+    ("nemotron4-15b", 4096, 4, 0.8860),  # K and V as wide as Q: 12.9 % more
+    ("nemotron4-340b", 4096, 3, 0.8536),  # 17.2 % more
 ])
-def test_dgxc_stated_flops_are_our_count_in_the_readmes_convention(model, digits, real_shape_over_stated):
-    seq_length = DGXC_MODELS[model].seq_length if model == "grok1-314b" else {"gpt3-175b": 2048}.get(
-        model, 4096 if model.startswith("nemotron") else 8192)
+def test_dgxc_stated_flops_are_our_count_in_the_readmes_convention(model, seq_length, digits, real_shape_over_stated):
     as_published, formula = dgxc_spec(model, seq_length)
-    ours = model_flops_per_sample(as_published, formula)
-    assert float(f"{ours:.{digits}g}") == DGXC_STATED_FLOPS[model]
+    assert float(f"{model_flops_per_sample(as_published, formula):.{digits}g}") == DGXC_STATED_FLOPS[model]
     real_shape = model_flops_per_sample(replace(DGXC_MODELS[model], seq_length=seq_length), formula)
     assert real_shape / DGXC_STATED_FLOPS[model] == pytest.approx(real_shape_over_stated, abs=5e-4)
 
