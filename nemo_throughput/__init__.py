@@ -27,9 +27,10 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
   model config readers), nemo_run (``nemo_callback``, the NeMo 2 / NeMo-Run entry), hydra (the job
   callback and Lightning's callbacks_factory).
 * summaries in and out: importers/ (logs, lines, steps, and one module per format: nemo, megatron,
-  tensorboard, mlperf) make summaries of logs; report/ (runs, fields, grouping, rendering,
-  time_to_train, plots) makes tables and plots of summaries; compare/ (sides, stats, comparison,
-  render) says whether a candidate's runs are slower than a baseline's.
+  tensorboard, mlperf) make summaries of logs; report/ (runs, fields, comparable: which runs may be
+  averaged, compared or scaled; grouping, rendering, time_to_train, plots) makes tables and plots of
+  summaries; compare/ (sides, stats, comparison, render) says whether a candidate's runs are slower
+  than a baseline's.
 * entry points: cli and the ``command`` modules (report, compare, importers, launch, bench, demo,
   explain.probe_command); launch/ (slurm, kubernetes), bench/ (trials, harness, syncs, stats,
   render, log_step, stand_in: a slow NVML), demo/ (gpt, train, console), conf/ (the Hydra config groups).

@@ -12,6 +12,7 @@ from test_report import write_run
 
 from conftest import nemo_throughput_cli
 from nemo_throughput.cli import main
+from nemo_throughput.report.comparable import configuration, described
 from nemo_throughput.report.grouping import build_report
 from nemo_throughput.report.rendering import render
 from nemo_throughput.report.runs import IncompleteRun, ReportError, Window, load_run
@@ -112,7 +113,7 @@ def test_a_summary_that_is_not_utf8_names_the_file(tmp_path):
 def test_unknown_flops_per_sample_gives_mfu_and_tflops_na(tmp_path):
     path = edit(good_run(tmp_path), "model.flops_per_sample", None)
     run = load_run(path)
-    assert run.flops_per_sample is None and run.setup["FLOPs per sample"] == "unknown"
+    assert run.flops_per_sample is None and described("FLOPs per sample", configuration(run)) == "unknown"
     report_ = build_report([run, load_run(edit(good_run(tmp_path, "again"), "model.flops_per_sample", None))])
     (group,) = report_.groups
     assert (group.mfu, group.model_tflops_per_gpu, group.runs) == (None, None, 2)
@@ -136,7 +137,7 @@ def test_user_given_flops_are_shown_as_such(tmp_path):
     computed = load_run(good_run(tmp_path, "computed"))
     given = load_run(edit(edit(good_run(tmp_path, "given"), "model.flops_formula", USER_FLOPS),
                           "model.flops_per_sample", 1.5e12))
-    assert given.setup["FLOPs per sample"] == "1.5e+12 (given by the user)"
+    assert described("FLOPs per sample", configuration(given)) == "1.5e+12 (given by the user)"
     with pytest.raises(ReportError, match=r"given/summary.json: .*FLOPs per sample 1.5e\+12 \(given by the user\)"):
         build_report([computed, given])
 

@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_throughput.compare.sides import Side, describe, differences
+from nemo_throughput.compare.sides import Side, differences
+from nemo_throughput.report.comparable import describe
 from nemo_throughput.compare.stats import Interval, Noise, interval, one_run_noise, runs_noise
 from nemo_throughput.errors import ReportError
 from nemo_throughput.text import printable

@@ -7,7 +7,6 @@ and a single run's counted steps are found for its noise."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import stat
@@ -18,6 +17,15 @@ from typing import Any
 
 from nemo_throughput.compare.stats import BATCHES_NEEDED, MIN_BATCH_STEPS
 from nemo_throughput.errors import ReportError
+from nemo_throughput.report.comparable import (
+    CONFIGURATION,
+    REPEATS,
+    SIDES,
+    canonical,
+    configuration,
+    differences_by_file,
+    differing,
+)
 from nemo_throughput.report.fields import is_count, is_positive_finite, shown
 from nemo_throughput.report.runs import IncompleteRun, Run, find_summaries, load_run, read_steps_jsonl
 from nemo_throughput.summary import MAX_SUMMARY_BYTES, STEPS_FILE, read_summary
@@ -26,10 +34,6 @@ from nemo_throughput.window import Window
 
 MAX_STEPS_BYTES = 256 * 1024 ** 2  # steps.jsonl: every rank's phases per step
 MAX_RUNS = 1000  # summaries on one side: repeats, not a file system
-UNKNOWN = "unknown"
-# What makes two runs the same configuration, in the order differences are listed.
-CONFIGURATION = ("model", "model shape", "FLOPs per sample", "global batch", "sequence length", "GPUs", "nodes",
-                 "GPU model", "dtype")
 
 
 @dataclass
@@ -40,7 +44,7 @@ class Side:
     given: str  # the path as the user gave it
     runs: list[Run]
     run_ids: list[str]
-    configuration: dict[str, Any]  # CONFIGURATION -> value (None: not known)
+    configuration: dict[str, Any]  # comparable.CONFIGURATION -> value (None: not known)
     step_times: list[float] | None = None
     steps_note: str | None = None
     notes: list[str] = field(default_factory=list)  # for stderr: runs left out, outliers
@@ -66,9 +70,7 @@ def load_side(given: str) -> Side:
         documents.append(document)
     if not runs:
         raise ReportError(f"{given}: no completed run to compare (runs that did not complete are left out)")
-    run_ids = _distinct_run_ids(runs, documents)
-    configuration = _one_configuration(given, runs, documents)
-    side = Side(given, runs, run_ids, configuration, notes=notes)
+    side = Side(given, runs, _distinct_run_ids(runs, documents), _one_configuration(given, runs), notes=notes)
     if len(runs) == 1:
         side.step_times, side.steps_note = counted_steps(runs[0], documents[0])
         if side.step_times is not None and len(side.step_times) < BATCHES_NEEDED * MIN_BATCH_STEPS:
@@ -138,65 +140,30 @@ def _distinct_run_ids(runs: list[Run], documents: list[dict[str, Any]]) -> list[
     return list(seen)
 
 
-def configuration_of(run: Run, document: dict[str, Any]) -> dict[str, Any]:
-    """What must be equal for two runs to be compared; None where the summary does not know."""
-    spec = document.get("model", {}).get("spec")
-    try:
-        _canonical(spec)
-    except (ValueError, RecursionError):
-        raise ReportError(f"{printable(run.path)}: model.spec cannot be compared (nested too deeply)") from None
-    return {
-        "model": None if run.model == UNKNOWN else run.model,
-        "model shape": spec if isinstance(spec, dict) else None,
-        "FLOPs per sample": run.flops_per_sample,
-        "global batch": run.global_batch_size,
-        "sequence length": run.seq_length if run.unit == "tokens" else "none (rated in samples/s)",
-        "GPUs": run.num_gpus,
-        "nodes": run.num_nodes,
-        "GPU model": None if run.gpu_name == UNKNOWN else run.gpu_name,
-        "dtype": run.dtype,
-    }
-
-
-def _one_configuration(given: str, runs: list[Run], documents: list[dict[str, Any]]) -> dict[str, Any]:
+def _one_configuration(given: str, runs: list[Run]) -> dict[str, Any]:
     """The side's configuration; ReportError naming each file's values when its runs differ."""
-    configurations = [configuration_of(run, document) for run, document in zip(runs, documents, strict=True)]
-    differing = [name for name in CONFIGURATION if len({_canonical(c[name]) for c in configurations}) > 1]
-    if differing:
-        lines = "\n  ".join(f"{printable(run.path)}: " + ", ".join(f"{name} {describe(c[name])}" for name in differing)
-                             for run, c in zip(runs, configurations, strict=True))
+    names = differing([configuration(run) for run in runs], REPEATS)
+    if names:
         raise ReportError(f"{printable(given)}: its runs are not repeats of one configuration (they differ in "
-                          f"{', '.join(differing)}); give each configuration its own directory:\n  {lines}")
-    return configurations[0]
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
-
-
-def describe(value: Any) -> str:
-    """A configuration value as printed: unknown, a number, or printable text."""
-    if value is None:
-        return UNKNOWN
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, dict):
-        return printable(_canonical(value))
-    return printable(value)
+                          f"{', '.join(names)}); give each configuration its own directory:\n  "
+                          f"{differences_by_file(runs, names)}")
+    return configuration(runs[0])
 
 
 def differences(baseline: Side, candidate: Side) -> tuple[list[dict[str, Any]], list[str]]:
     """(each configuration value that differs, or is known on one side only; the names known on
-    neither side, which nothing can check)."""
+    neither side, which nothing can check). The parallel layout may differ (comparable.SIDES)."""
     found, unknown = [], []
     for name in CONFIGURATION:
         base, cand = baseline.configuration[name], candidate.configuration[name]
+        if name in SIDES:
+            continue
         if base is None and cand is None:
             unknown.append(name)
         elif isinstance(base, dict) and isinstance(cand, dict):  # the model shape: each field that differs
             found += [{"field": f"{name}: {key}", "baseline": base.get(key), "candidate": cand.get(key)}
-                      for key in sorted({*base, *cand}) if _canonical(base.get(key)) != _canonical(cand.get(key))]
-        elif _canonical(base) != _canonical(cand):
+                      for key in sorted({*base, *cand}) if canonical(base.get(key)) != canonical(cand.get(key))]
+        elif canonical(base) != canonical(cand):
             found.append({"field": name, "baseline": base, "candidate": cand})
     return found, unknown
 

@@ -12,6 +12,13 @@ from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from nemo_throughput.report.comparable import (
+    ENVIRONMENTS,
+    REPEATS,
+    configuration,
+    differences_by_file,
+    differing,
+)
 from nemo_throughput.report.goodput import goodput_records
 from nemo_throughput.report.runs import PHASES, PROFILE_FRACTIONS, ReportError, Run
 from nemo_throughput.report.time_to_train import TrainGroup, time_to_train_records
@@ -373,12 +380,12 @@ def _slowest(explanations: list[Any]) -> dict[str, Any]:
             "straggler_metric": worst.metric, "straggler_excess_pct": worst.excess_pct}
 
 
-def _require_same_setup(runs: list[Run], what: str) -> None:
-    setups = {tuple(run.setup.items()) for run in runs}
-    if len(setups) > 1:
-        lines = "\n  ".join(f"{run.path}: " + ", ".join(f"{k} {printable(v)}" for k, v in run.setup.items())
-                             for run in runs)
-        raise ReportError(f"runs of {what} differ in their set-up and cannot be averaged:\n  {lines}")
+def _require_same_setup(runs: list[Run], what: str, may_differ: frozenset[str] = REPEATS,
+                        use: str = "averaged") -> None:
+    names = differing([configuration(run) for run in runs], may_differ)
+    if names:
+        raise ReportError(f"runs of {what} differ in their set-up and cannot be {use}:\n  "
+                          f"{differences_by_file(runs, names)}")
 
 
 def _add_scaling(groups: list[Group]) -> None:
@@ -403,7 +410,8 @@ def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str 
         if label == baseline or base is None:
             continue
         _require_same_setup(runs_by_key[(baseline, model, nodes, gpus)] + runs_by_key[(label, model, nodes, gpus)],
-                            f"{printable(model)} at {nodes} nodes under {baseline!r} and {label!r}")
+                            f"{printable(model)} at {nodes} nodes under {baseline!r} and {label!r}", ENVIRONMENTS,
+                            "compared")
         samples = base.unit == "samples"  # the same model and set-up: the same unit
         comparisons.append(Comparison(
             model=model, num_nodes=nodes, num_gpus=gpus, baseline=baseline, other=label,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.errors import ReportError
+from nemo_throughput.report.comparable import canonical
 from nemo_throughput.report.fields import (
     Fields,
     is_count,
@@ -27,7 +28,6 @@ from nemo_throughput.report.fields import (
     shortened,
     shown,
 )
-from nemo_throughput.run_facts import USER_FLOPS
 from nemo_throughput.schemas import SUMMARY_SCHEMA_ID, validate_summary
 from nemo_throughput.summary import EXPLAINED, STATUSES, outliers_text, read_summary
 from nemo_throughput.text import printable
@@ -96,26 +96,13 @@ class Run:
     explanation: Explanation = field(default_factory=Explanation)
     unit: str = "tokens"  # what its primary rate counts: "tokens" or "samples" (throughput.primary)
     counted: CountedStep | None = None  # packed or padded batches as counted (batch.counted), with their FLOPs
+    model_spec: dict[str, Any] | None = None  # model.spec: the model shape; None: not stated
+    parallel: dict[str, Any] | None = None  # the parallel layout (data, tensor, pipeline, ...); None: not stated
 
     @property
     def workload(self) -> Workload:
         return Workload(self.global_batch_size, self.seq_length, self.num_gpus, self.flops_per_sample,
                         self.peak_tflops, self.counted)
-
-    @property
-    def setup(self) -> dict[str, Any]:
-        """What must be equal for runs to be averaged or compared."""
-        return {"global batch": self.global_batch_size, "sequence length": self.seq_length,
-                "FLOPs per sample": flops_text(self.flops_per_sample, self.flops_formula), "GPU": self.gpu_name,
-                "dtype": self.dtype}
-
-
-def flops_text(flops_per_sample: float | None, formula: str) -> str:
-    """FLOPs per sample and where they come from, e.g. `3.94e+15 (dgxc)`, `1.5e+12 (given by the user)`."""
-    if flops_per_sample is None:
-        return "unknown"
-    source = "given by the user" if formula == USER_FLOPS else printable(formula)
-    return f"{flops_per_sample:.6g} ({source})"
 
 
 def load_run(path: Path, window: Window | None = None) -> Run:
@@ -140,9 +127,22 @@ def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
               dtype=fields.text("hardware.dtype", optional=True),
               peak_tflops=fields.positive("hardware.peak_tflops", optional=True),
               step_time_s=step_time_s, steps_counted=counted, window=window_text, notes=notes,
-              explanation=read_explanation(fields), counted=_counted(fields))
+              explanation=read_explanation(fields), counted=_counted(fields), model_spec=_model_spec(fields),
+              parallel=fields.optional("parallel") or None)
     _require_finite_metrics(run)
     return run
+
+
+def _model_spec(fields: Fields) -> dict[str, Any] | None:
+    """model.spec, compared field by field between runs; None: the FLOPs were given without a shape."""
+    spec = fields.optional("model.spec")
+    if spec is not None and not isinstance(spec, dict):
+        raise fields.error("model.spec", spec, "it must be an object (the model shape) or null")
+    try:
+        canonical(spec)
+    except (ValueError, RecursionError):
+        raise ReportError(f"{fields.where}: model.spec cannot be compared (nested too deeply)") from None
+    return spec
 
 
 def node_and_gpu_counts(fields: Fields) -> tuple[int, int]:

@@ -1,0 +1,108 @@
+"""Which runs may be averaged, compared or drawn on one scaling curve: the one definition of a
+run's configuration, for `report` and `compare`.
+
+A number computed across runs is only right where the runs did the same work the same way: a
+curve whose larger size also ran fp8, or a longer sequence, counts that change as scaling; an
+MFU averaged over two peaks is neither run's."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nemo_throughput.run_facts import USER_FLOPS
+from nemo_throughput.text import printable
+
+Run = Any  # a report.runs.Run; runs imports this module, so not the other way round
+UNKNOWN = "unknown"  # model.name or hardware.gpu_name of a run that does not know it
+LAYOUT = "parallel layout"
+# What makes two runs the same configuration, in the order differences are listed.
+CONFIGURATION = ("model", "model shape", "FLOPs per sample", "FLOPs formula", "global batch", "sequence length",
+                 "GPUs", "nodes", "GPU model", "dtype", "peak TFLOPS", LAYOUT)
+
+# What each use lets differ, and why; everything else must agree.
+REPEATS: frozenset[str] = frozenset()  # averaged: tokens/s, step time and MFU of one configuration
+SIDES = frozenset({LAYOUT})  # compare's two sides: a layout is a setting a candidate may change
+ENVIRONMENTS = frozenset({LAYOUT, "peak TFLOPS"})  # report --baseline: diff % of tokens/s, no peak in it
+# One scaling curve: its size, and the global batch (weak or strong scaling: efficiency is per token).
+SCALED = frozenset({"GPUs", "nodes", "global batch", LAYOUT, "peak TFLOPS"})
+
+
+def configuration(run: Run) -> dict[str, Any]:
+    """The run's value of each name of CONFIGURATION; None where the summary does not know it."""
+    return {
+        "model": None if run.model == UNKNOWN else run.model,
+        "model shape": run.model_spec,
+        "FLOPs per sample": run.flops_per_sample,
+        "FLOPs formula": run.flops_formula,
+        "global batch": run.global_batch_size,
+        "sequence length": run.seq_length if run.unit == "tokens" else "none (rated in samples/s)",
+        "GPUs": run.num_gpus,
+        "nodes": run.num_nodes,
+        "GPU model": None if run.gpu_name == UNKNOWN else run.gpu_name,
+        "dtype": run.dtype,
+        "peak TFLOPS": run.peak_tflops,
+        LAYOUT: run.parallel,
+    }
+
+
+def differing(configurations: list[dict[str, Any]], may_differ: frozenset[str] = REPEATS) -> list[str]:
+    """The names whose values are not all alike. A value known for one run and not for another
+    differs (nothing shows that they are the same), except the parallel layout, which imported logs
+    do not state: it is checked between the runs that state one."""
+    found = []
+    for name in CONFIGURATION:
+        if name in may_differ:
+            continue
+        values = [c[name] for c in configurations if not (name == LAYOUT and c[name] is None)]
+        if len({canonical(value) for value in values}) > 1:
+            found.append(name)
+    return found
+
+
+def differences_by_file(runs: list[Run], names: list[str]) -> str:
+    """A line per run: its file and its value of each name, for a message."""
+    configurations = [configuration(run) for run in runs]
+    return "\n  ".join(f"{printable(run.path)}: " + values_text(c, names, configurations)
+                       for run, c in zip(runs, configurations, strict=True))
+
+
+def values_text(values: dict[str, Any], names: list[str], among: list[dict[str, Any]]) -> str:
+    """`values`' value of each name as printed; of the model shape, the fields that differ `among` them."""
+    return ", ".join(f"{name} {described(name, values, among)}" for name in names)
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def describe(value: Any) -> str:
+    """A configuration value as printed: unknown, a number, or printable text."""
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict):
+        return printable(canonical(value))
+    return printable(value)
+
+
+def described(name: str, values: dict[str, Any], among: list[dict[str, Any]] = ()) -> str:
+    """The value of `name` in a configuration as printed: FLOPs per sample with where they come
+    from; the model shape by the fields that differ `among` the configurations compared."""
+    if name == "FLOPs per sample":
+        return flops_text(values[name], values["FLOPs formula"])
+    shapes = [c[name] for c in among if isinstance(c[name], dict)]
+    if name == "model shape" and isinstance(values[name], dict) and len(shapes) > 1:
+        keys = sorted({key for shape in shapes for key in shape
+                       if len({canonical(other.get(key)) for other in shapes}) > 1})
+        return "{" + ", ".join(f"{key}: {describe(values[name].get(key))}" for key in keys) + "}"
+    return describe(values[name])
+
+
+def flops_text(flops_per_sample: float | None, formula: str | None) -> str:
+    """FLOPs per sample and where they come from, e.g. `3.94e+15 (dgxc)`, `1.5e+12 (given by the user)`."""
+    if flops_per_sample is None:
+        return UNKNOWN
+    source = "given by the user" if formula == USER_FLOPS else printable(formula or UNKNOWN)
+    return f"{flops_per_sample:.6g} ({source})"

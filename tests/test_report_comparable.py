@@ -1,0 +1,100 @@
+"""Runs that must not be averaged or compared (report.comparable): another MFU peak, another
+parallel layout.
+Summaries are the package's own (RunFacts / RunStats / build_summary) or real logs imported."""
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from nemo_throughput.cli import main
+from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.hardware import resolve_peak
+from nemo_throughput.report.grouping import build_report
+from nemo_throughput.report.rendering import render
+from nemo_throughput.report.runs import ReportError, load_run
+from nemo_throughput.run_facts import RunFacts
+from nemo_throughput.run_stats import RunStats, rank_rows
+from nemo_throughput.summary import build_summary, write_json_atomic
+from nemo_throughput.timing import StepTimes
+
+H100 = "NVIDIA H100 80GB HBM3"
+MIXTRAL_LOG = Path(__file__).parent / "data" / "import" / "megatron_lm_mixtral_issue756.log"
+
+
+def spec(seq: int = 2048) -> ModelSpec:
+    return ModelSpec(num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=seq, vocab_size=51200)
+
+
+def write_run(path: Path, *, step_s: float, label: str = "bm", nodes: int = 1, gpus_per_node: int = 8,
+              gbs: int = 128, seq: int = 2048, dtype: str = "bf16", gpu: str = H100, peak: float | None = None,
+              parallel: dict | None = None) -> Path:
+    """A completed run's summary, its peak from the GPU table unless `peak` is given."""
+    peak_tflops, source = resolve_peak(peak, gpu, dtype)
+    facts = RunFacts(name=path.parent.name, label=label, global_batch_size=gbs, micro_batch_size=1, seq_length=seq,
+                     model_name="gpt3-126m", model_spec=spec(seq), flops_formula="megatron",
+                     flops_per_sample=model_flops_per_sample(spec(seq)), gpu_name=gpu,
+                     num_gpus=nodes * gpus_per_node, num_nodes=nodes, dtype=dtype, peak_tflops=peak_tflops,
+                     peak_source=source)
+    if parallel is not None:
+        facts = replace(facts, parallel=parallel)
+    stats = RunStats(world_size=1, warmup_steps=0)
+    stats.add(rank_rows([[StepTimes(i + 1, step_s * (1 + 0.001 * (i % 3))) for i in range(12)]]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, build_summary(facts, stats, "completed"))
+    return path
+
+
+def cli(*args, capsys) -> tuple[int, str, str]:
+    code = main([*map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def import_log(output: Path, label: str = "bm", **options) -> Path:
+    arguments = {"--model": "mixtral-8x7b", "--seq-length": "4096", "--num-gpus": "16", "--gpu-name": H100,
+                 "--dtype": "bf16", **options}
+    assert main(["import", str(MIXTRAL_LOG), "--label", label, "--output-dir", str(output),
+                 *[str(part) for pair in arguments.items() if pair[1] is not None for part in pair]]) == 0
+    return output / MIXTRAL_LOG.stem / "summary.json"
+
+
+# ------------------------------------------------------------------------------- MFU's peak, the layout
+def test_another_peak_is_never_averaged_nor_a_slowdown(tmp_path, capsys):
+    """A peak given for some runs (import --peak-tflops, callback peak_tflops): MFU halves while
+    tokens/s is the same. The report averaged 2.85 % and 1.42 %; compare said `slower`, exit 1."""
+    for i in range(3):
+        write_run(tmp_path / "table" / f"r{i}" / "summary.json", step_s=1.0 + 0.01 * i)
+        write_run(tmp_path / "given" / f"r{i}" / "summary.json", step_s=1.0 + 0.01 * i, peak=1979.0)
+    code, _, err = cli("report", tmp_path, capsys=capsys)
+    assert code == 2 and "cannot be averaged" in err and "peak TFLOPS 1979" in err and "peak TFLOPS 989.5" in err
+    code, _, err = cli("compare", tmp_path / "table", tmp_path / "given", capsys=capsys)
+    assert code == 2 and "peak TFLOPS: 989.5 (baseline) vs 1979 (candidate)" in err
+    code, out, _ = cli("compare", tmp_path / "table", tmp_path / "given", "--allow-different", "--format", "json",
+                       capsys=capsys)
+    assert {"field": "peak TFLOPS", "baseline": 989.5, "candidate": 1979.0} in json.loads(out)["differences"]
+    write_run(tmp_path / "k8s" / "summary.json", label="k8s", step_s=1.02)  # tokens/s compared: no peak in it
+    code, out, err = cli("report", tmp_path / "given", tmp_path / "k8s", "--baseline", "bm", capsys=capsys)
+    assert code == 0, err
+
+
+def test_repeats_of_other_parallel_layouts_are_not_averaged(tmp_path, capsys):
+    tp2, tp4 = ({"data": 8 // t, "tensor": t, "pipeline": 1, "context": 1} for t in (2, 4))
+    write_run(tmp_path / "tp2" / "summary.json", step_s=1.0, parallel=tp2)
+    write_run(tmp_path / "tp4" / "summary.json", step_s=1.3, parallel=tp4)
+    code, _, err = cli("report", tmp_path, capsys=capsys)
+    assert code == 2 and "parallel layout" in err and '"tensor": 4' in err
+    code, _, err = cli("compare", tmp_path, tmp_path / "tp2", capsys=capsys)
+    assert code == 2 and "not repeats of one configuration (they differ in parallel layout)" in err
+    code, _, err = cli("compare", tmp_path / "tp2", tmp_path / "tp4", capsys=capsys)  # a setting a candidate changes
+    assert code != 2 and "parallel layout" not in err
+    shutil.rmtree(tmp_path / "tp4")
+    shape = {name: getattr(spec(), name) for name in ("num_layers", "hidden_size", "num_attention_heads",
+                                                       "seq_length", "vocab_size")}
+    unstated = import_log(tmp_path / "log", **{"--model": None, "--model-spec": json.dumps(shape),
+                                                "--model-name": "gpt3-126m", "--seq-length": "2048", "--num-gpus": "8"})
+    summary = json.loads(unstated.read_text())
+    assert summary["parallel"] == {}  # an imported log states no layout: checked where stated
+    assert build_report([load_run(tmp_path / "tp2" / "summary.json"), load_run(unstated)], group_by="label")
