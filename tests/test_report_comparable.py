@@ -1,5 +1,5 @@
-"""Runs that must not be averaged or compared (report.comparable): another MFU peak, another
-parallel layout.
+"""Runs that must not be averaged, compared or drawn on one scaling curve (report.comparable):
+another set-up along a curve, another MFU peak, another parallel layout.
 Summaries are the package's own (RunFacts / RunStats / build_summary) or real logs imported."""
 
 import json
@@ -20,7 +20,7 @@ from nemo_throughput.run_stats import RunStats, rank_rows
 from nemo_throughput.summary import build_summary, write_json_atomic
 from nemo_throughput.timing import StepTimes
 
-H100 = "NVIDIA H100 80GB HBM3"
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 MIXTRAL_LOG = Path(__file__).parent / "data" / "import" / "megatron_lm_mixtral_issue756.log"
 
 
@@ -59,6 +59,46 @@ def import_log(output: Path, label: str = "bm", **options) -> Path:
     assert main(["import", str(MIXTRAL_LOG), "--label", label, "--output-dir", str(output),
                  *[str(part) for pair in arguments.items() if pair[1] is not None for part in pair]]) == 0
     return output / MIXTRAL_LOG.stem / "summary.json"
+
+
+# ------------------------------------------------------------------------------- one scaling curve
+def test_a_scaling_curve_never_spans_another_set_up(tmp_path, capsys):
+    """fp8 at 16 GPUs was 166.7 % efficient against bf16 at 8; a longer sequence and another GPU
+    model were scaled as well. Each is n/a now, with a note naming the field; weak and strong
+    scaling (another global batch) stay on the curve, per token."""
+    rows = {"base": dict(nodes=1, step_s=1.0), "fp8": dict(nodes=2, gbs=256, step_s=0.6, dtype="fp8"),
+            "seq": dict(nodes=4, gbs=256, seq=4096, step_s=1.1), "a100": dict(nodes=8, gbs=1024, step_s=2.0, gpu=A100),
+            "strong": dict(nodes=16, gbs=128, step_s=0.08), "weak": dict(nodes=32, gbs=4096, step_s=1.25)}
+    for name, row in rows.items():
+        write_run(tmp_path / name / "summary.json", **row)
+    code, out, err = cli("report", tmp_path, "--format", "json", capsys=capsys)
+    assert code == 0, err
+    groups = {g["num_gpus"]: g for g in json.loads(out)["groups"]}
+    for gpus, field in ((16, "dtype fp8 against bf16"), (32, "sequence length 4096 against 2048"),
+                        (64, f"GPU model {A100} against {H100}")):
+        assert (groups[gpus]["linear_factor"], groups[gpus]["scaling_efficiency"]) == (None, None)
+        assert f"at {gpus} GPUs" in err and field in err
+    base = 128 * 2048 / groups[8]["step_time_s"]
+    for gpus, gbs in ((128, 128), (256, 4096)):  # the hand computation: tokens/s over the first's, over the GPUs'
+        tokens_per_s = gbs * 2048 / groups[gpus]["step_time_s"]
+        assert groups[gpus]["linear_factor"] == pytest.approx(tokens_per_s / base)
+        assert groups[gpus]["scaling_efficiency"] == pytest.approx(tokens_per_s / base / (gpus / 8))
+    assert "at 128 GPUs" not in err and "at 256 GPUs" not in err
+    code, out, _ = cli("report", tmp_path, capsys=capsys)
+    fp8_row = next(line for line in out.splitlines() if line.split()[3] == "16")
+    assert fp8_row.split()[8:12] == ["n/a"] * 4 and "%" in fp8_row  # the scaling columns; its own MFU is shown
+
+
+def test_the_curve_starts_at_the_fewest_nodes_whatever_the_order_of_the_files(tmp_path):
+    """Two configurations of the fewest GPUs (4 x 4 and 2 x 8): the curve starts at 2 x 8."""
+    runs = [load_run(write_run(tmp_path / name / "summary.json", nodes=nodes, gpus_per_node=per_node, step_s=step_s,
+                               gbs=gbs))
+            for name, nodes, per_node, step_s, gbs in (("a4x4", 4, 4, 1.1, 128), ("b2x8", 2, 8, 1.0, 128),
+                                                        ("c4x8", 4, 8, 1.05, 256))]
+    for order in (runs, runs[::-1]):
+        groups = {(g.num_nodes, g.num_gpus): g for g in build_report(order).groups}
+        assert groups[(2, 16)].scaling_efficiency == pytest.approx(1.0)
+        assert groups[(4, 16)].linear_factor == pytest.approx(1.0 / 1.1, rel=1e-3)
 
 
 # ------------------------------------------------------------------------------- MFU's peak, the layout

@@ -15,7 +15,9 @@ from typing import Any
 from nemo_throughput.report.comparable import (
     ENVIRONMENTS,
     REPEATS,
+    SCALED,
     configuration,
+    described,
     differences_by_file,
     differing,
 )
@@ -219,7 +221,7 @@ def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = N
     try:
         groups = [_group(members, tokens, group_by, notes) for members in _by_configuration(runs, group_by).values()]
         groups.sort(key=lambda g: (g.model, g.label, g.num_gpus))
-        _add_scaling(groups)
+        _add_scaling(groups, runs, group_by, notes)
         labels = sorted({g.label for g in groups})
         if baseline is not None and baseline not in labels:
             what = "network label" if group_by == "network" else "label"
@@ -388,17 +390,44 @@ def _require_same_setup(runs: list[Run], what: str, may_differ: frozenset[str] =
                           f"{differences_by_file(runs, names)}")
 
 
-def _add_scaling(groups: list[Group]) -> None:
+def _add_scaling(groups: list[Group], runs: list[Run], group_by: str, notes: list[str]) -> None:
+    """Each configuration against the smallest of its curve (label and model; the fewest GPUs, then
+    nodes). A configuration whose set-up differs from the smallest's beyond what SCALED allows has
+    no scaling figures, with a note: its change would be counted as scaling."""
+    first_runs = {key: members[0] for key, members in _by_configuration(runs, group_by).items()}
     series: dict[tuple[str, str], list[Group]] = {}
     for group in groups:
         series.setdefault((group.label, group.model), []).append(group)
     for members in series.values():
-        smallest = min(members, key=lambda g: g.num_gpus)
+        smallest = min(members, key=lambda g: (g.num_gpus, g.num_nodes))
+        reference = first_runs[_key(smallest)]
         for group in members:
+            off_the_curve = _off_the_curve(group, first_runs[_key(group)], smallest, reference)
+            if off_the_curve:
+                notes.append(off_the_curve)
+                continue
             group.linear_factor = group.rate / smallest.rate
             group.perfect_linear_factor = group.num_gpus / smallest.num_gpus
             group.perfect_linear_scale = group.perfect_linear_factor * smallest.rate
             group.scaling_efficiency = group.linear_factor / group.perfect_linear_factor
+
+
+def _key(group: Group) -> tuple[str, str, int, int]:
+    return group.label, group.model, group.num_nodes, group.num_gpus
+
+
+def _off_the_curve(group: Group, run: Run, smallest: Group, reference: Run) -> str | None:
+    """Why `group` is not on the curve that starts at `smallest` (a note), or None when it is."""
+    ours, theirs = configuration(run), configuration(reference)
+    names = differing([theirs, ours], SCALED)
+    if not names:
+        return None
+    values = "; ".join(f"{name} {described(name, ours, [ours, theirs])} against "
+                       f"{described(name, theirs, [ours, theirs])}" for name in names)
+    return (f"{printable(group.label)} / {printable(group.model)} at {group.num_gpus} GPUs ({group.num_nodes} nodes) "
+            f"has no scaling figures (n/a): its runs differ from those at {smallest.num_gpus} GPUs "
+            f"({smallest.num_nodes} nodes), where its curve starts, in {values}; scaling efficiency would count "
+            "that change as scaling (give each set-up its own label)")
 
 
 def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str = "label") -> list[Comparison]:

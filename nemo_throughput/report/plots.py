@@ -48,14 +48,7 @@ def plot_report(report: Report, path: Path) -> None:
                             key=lambda g: g.num_gpus)
             if not series:
                 continue
-            name = _plain(label)
-            gpus = [g.num_gpus for g in series]
-            throughput.errorbar(gpus, [g.rate for g in series], yerr=[2 * g.rate_std for g in series],
-                                marker="o", capsize=4, color=colors[label], label=name)
-            throughput.plot(gpus, [g.perfect_linear_scale for g in series], linestyle="--", color=colors[label],
-                            alpha=0.6, label=f"{name}: perfect linear")
-            if all(g.mfu is not None for g in series):
-                utilisation.plot(gpus, [100 * g.mfu for g in series], marker="o", color=colors[label], label=name)
+            _draw_series(throughput, utilisation, series, _plain(label), colors[label])
         unit = next(g.unit for g in report.groups if g.model == model)
         throughput.set(title=f"{_plain(model)}: {unit}/s (mean ± 2σ)", xlabel="GPUs", ylabel=f"{unit}/s")
         throughput.yaxis.set_major_formatter(matplotlib.ticker.EngFormatter())
@@ -72,6 +65,25 @@ def plot_report(report: Report, path: Path) -> None:
                 ax.text(0.5, 0.5, "no peak FLOPs known: MFU n/a", ha="center", va="center", transform=ax.transAxes)
     figure.tight_layout()
     _save(figure, path, plt)
+
+
+def _draw_series(throughput: Any, utilisation: Any, series: list[Group], name: str, color: str) -> None:
+    """One label's curve; configurations off it (another set-up: grouping._add_scaling) as points
+    of their own, never joined to it."""
+    for on_curve in (True, False):
+        part = [g for g in series if (g.scaling_efficiency is not None) == on_curve]
+        if not part:
+            continue
+        shown = name if on_curve else f"{name}: other set-up (not scaled)"
+        style = {"marker": "o", "color": color} if on_curve else {"marker": "x", "color": color, "linestyle": "none"}
+        gpus = [g.num_gpus for g in part]
+        throughput.errorbar(gpus, [g.rate for g in part], yerr=[2 * g.rate_std for g in part], capsize=4,
+                            label=shown, **style)
+        if on_curve:
+            throughput.plot(gpus, [g.perfect_linear_scale for g in part], linestyle="--", color=color, alpha=0.6,
+                            label=f"{name}: perfect linear")
+        if all(g.mfu is not None for g in part):
+            utilisation.plot(gpus, [100 * g.mfu for g in part], label=shown, **style)
 
 
 def _save(figure: Any, path: Path, plt: Any) -> None:

@@ -41,8 +41,7 @@ def _group_rows(report: Report, unit: str = "tokens") -> tuple[list[str], list[l
     rate = "{:,.0f}" if unit == "tokens" else "{:,.4g}"
     rows = [[
         g.label, g.model, str(g.num_nodes), str(g.num_gpus), str(g.runs),
-        f"{rate.format(g.rate)} ± {rate.format(2 * g.rate_std)}", f"{g.linear_factor:.2f}",
-        f"{g.perfect_linear_factor:.2f}", rate.format(g.perfect_linear_scale), f"{100 * g.scaling_efficiency:.1f} %",
+        f"{rate.format(g.rate)} ± {rate.format(2 * g.rate_std)}", *_scaling_cells(g, rate),
         rate.format(g.rate / g.num_gpus), f"{100 * g.mfu:.2f} %" if g.mfu is not None else "n/a",
     ] for g in groups]
     if unit == "tokens":
@@ -56,12 +55,26 @@ def _group_rows(report: Report, unit: str = "tokens") -> tuple[list[str], list[l
         for row, g in zip(rows, groups, strict=True):
             row.insert(1, _text(g.network))
     explaining = set()
+    if any(g.scaling_efficiency is None for g in groups):  # off its curve (grouping._add_scaling): n/a is a number
+        first = header.index("linear factor")
+        explaining.update(range(first, first + SCALING_COLUMNS))
     for title, cell in _explaining_columns(report):
         explaining.add(len(header))
         header.append(title)
         for row, g in zip(rows, groups, strict=True):
             row.append(cell(g))
     return header, rows, explaining
+
+
+SCALING_COLUMNS = 4  # linear factor, perfect linear, perfect linear scale, efficiency
+
+
+def _scaling_cells(g: Group, rate: str) -> list[str]:
+    """Linear factor, perfect linear factor and scale, efficiency; n/a off the curve."""
+    if g.scaling_efficiency is None:
+        return [MISSING] * SCALING_COLUMNS
+    return [f"{g.linear_factor:.2f}", f"{g.perfect_linear_factor:.2f}", rate.format(g.perfect_linear_scale),
+            f"{100 * g.scaling_efficiency:.1f} %"]
 
 
 def _explaining_columns(report: Report) -> list[tuple[str, Any]]:
