@@ -1,5 +1,5 @@
 """Runs that must not be averaged, compared or drawn on one scaling curve (report.comparable):
-another set-up along a curve, another MFU peak, another parallel layout.
+another set-up along a curve, one run counted twice, another MFU peak, another parallel layout.
 Summaries are the package's own (RunFacts / RunStats / build_summary) or real logs imported."""
 
 import json
@@ -99,6 +99,43 @@ def test_the_curve_starts_at_the_fewest_nodes_whatever_the_order_of_the_files(tm
         groups = {(g.num_nodes, g.num_gpus): g for g in build_report(order).groups}
         assert groups[(2, 16)].scaling_efficiency == pytest.approx(1.0)
         assert groups[(4, 16)].linear_factor == pytest.approx(1.0 / 1.1, rel=1e-3)
+
+
+# ------------------------------------------------------------------------------- one run, once
+def test_a_copy_of_a_summary_is_one_run_in_the_report(tmp_path, capsys):
+    first = write_run(tmp_path / "runs" / "r1" / "summary.json", step_s=1.0)
+    write_run(tmp_path / "runs" / "r2" / "summary.json", step_s=1.1)
+    (tmp_path / "backup").mkdir()
+    shutil.copy(first, tmp_path / "backup" / "summary.json")
+    code, out, err = cli("report", tmp_path / "runs", tmp_path / "backup", "--format", "json", capsys=capsys)
+    assert code == 0, err
+    (group,) = json.loads(out)["groups"]
+    assert group["runs"] == 2 and len(group["files"]) == 2
+    assert f"{tmp_path / 'backup' / 'summary.json'} is the same run as {first} (run.id" in err
+
+
+def test_a_real_log_imported_twice_is_one_run(tmp_path, capsys):
+    """Each import gives the log a new run.id: the log and its steps say it is one run."""
+    once, again = import_log(tmp_path / "once"), import_log(tmp_path / "again")
+    capsys.readouterr()
+    code, out, err = cli("report", once, again, "--format", "json", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["groups"][0]["runs"] == 1
+    assert f"{again} is the same run as {once} (imported from {MIXTRAL_LOG}, the same steps): counted once" in err
+    code, _, err = cli("compare", tmp_path, once, capsys=capsys)  # two "repeats" on one side
+    assert code == 2 and "are the same run (imported from" in err
+
+
+def test_one_log_imported_as_two_environments_is_refused(tmp_path, capsys):
+    """A comparison of a run with itself (diff 0.00 %), one label's facts wrong: refused."""
+    bare = import_log(tmp_path / "bare", label="bare-metal")
+    k8s = import_log(tmp_path / "k8s", label="kubernetes")
+    capsys.readouterr()
+    code, _, err = cli("report", bare, k8s, "--baseline", "bare-metal", capsys=capsys)
+    assert code == 2
+    assert f"{bare} and {k8s} are the same run (imported from {MIXTRAL_LOG}, the same steps) but differ in label" in err
+    with pytest.raises(ReportError, match="differ in label, GPUs, nodes"):
+        build_report([load_run(bare), load_run(import_log(tmp_path / "k32", "kubernetes", **{"--num-gpus": "32"}))])
 
 
 # ------------------------------------------------------------------------------- MFU's peak, the layout

@@ -21,6 +21,7 @@ from nemo_throughput.report.comparable import (
     CONFIGURATION,
     REPEATS,
     SIDES,
+    RunIdentity,
     canonical,
     configuration,
     differences_by_file,
@@ -43,7 +44,7 @@ class Side:
 
     given: str  # the path as the user gave it
     runs: list[Run]
-    run_ids: list[str]
+    run_ids: list[RunIdentity]  # each run's identity (comparable.run_identity)
     configuration: dict[str, Any]  # comparable.CONFIGURATION -> value (None: not known)
     step_times: list[float] | None = None
     steps_note: str | None = None
@@ -70,7 +71,7 @@ def load_side(given: str) -> Side:
         documents.append(document)
     if not runs:
         raise ReportError(f"{given}: no completed run to compare (runs that did not complete are left out)")
-    side = Side(given, runs, _distinct_run_ids(runs, documents), _one_configuration(given, runs), notes=notes)
+    side = Side(given, runs, _distinct_run_ids(runs), _one_configuration(given, runs), notes=notes)
     if len(runs) == 1:
         side.step_times, side.steps_note = counted_steps(runs[0], documents[0])
         if side.step_times is not None and len(side.step_times) < BATCHES_NEEDED * MIN_BATCH_STEPS:
@@ -128,15 +129,15 @@ def _load(path: Path) -> tuple[Run, dict[str, Any]]:
     return run, document
 
 
-def _distinct_run_ids(runs: list[Run], documents: list[dict[str, Any]]) -> list[str]:
-    """Each run once: a copy of a summary counted as a repeat would make the noise look smaller."""
-    seen: dict[str, Path] = {}
-    for run, document in zip(runs, documents, strict=True):
-        run_id = document["run"]["id"]
-        if run_id in seen:
-            raise ReportError(f"{printable(seen[run_id])} and {printable(run.path)} are the same run (run.id "
-                              f"{printable(run_id)}): a copy counted as a repeat would understate the noise; keep one")
-        seen[run_id] = run.path
+def _distinct_run_ids(runs: list[Run]) -> list[RunIdentity]:
+    """Each run once: a copy of a summary (or a log imported twice) counted as a repeat would make
+    the noise look smaller."""
+    seen: dict[RunIdentity, Path] = {}
+    for run in runs:
+        if run.identity in seen:
+            raise ReportError(f"{printable(seen[run.identity])} and {printable(run.path)} are the same run "
+                              f"({run.identity.shown}): a copy counted as a repeat would understate the noise; keep one")
+        seen[run.identity] = run.path
     return list(seen)
 
 

@@ -1,19 +1,22 @@
 """Which runs may be averaged, compared or drawn on one scaling curve: the one definition of a
-run's configuration, for `report` and `compare`.
+run's configuration and of its identity, for `report` and `compare`.
 
 A number computed across runs is only right where the runs did the same work the same way: a
-curve whose larger size also ran fp8, or a longer sequence, counts that change as scaling; an
-MFU averaged over two peaks is neither run's."""
+curve whose larger size also ran fp8, or a longer sequence, counts that change as scaling; a
+summary counted twice halves the spread of its repeats."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_throughput.errors import ReportError
 from nemo_throughput.run_facts import USER_FLOPS
 from nemo_throughput.text import printable
 
-Run = Any  # a report.runs.Run; runs imports this module, so not the other way round
+Run = Any  # a report.runs.Run; runs imports this module (a run's identity), so not the other way round
 UNKNOWN = "unknown"  # model.name or hardware.gpu_name of a run that does not know it
 LAYOUT = "parallel layout"
 # What makes two runs the same configuration, in the order differences are listed.
@@ -106,3 +109,44 @@ def flops_text(flops_per_sample: float | None, formula: str | None) -> str:
         return UNKNOWN
     source = "given by the user" if formula == USER_FLOPS else printable(formula or UNKNOWN)
     return f"{flops_per_sample:.6g} ({source})"
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What makes two summaries one run: equal keys. `shown` says it in a message."""
+
+    key: str
+    shown: str = field(compare=False)
+
+
+def run_identity(run_id: str, summary: dict[str, Any]) -> RunIdentity:
+    """A run's identity: its run.id, which a copy of its summary keeps. An imported log gets a new
+    run.id at each import, so an imported run is also its log and the steps read from it (a log
+    overwritten by a later job at the same path gives other steps, so another run)."""
+    timing, environment = summary.get("timing") or {}, summary.get("environment") or {}
+    source, steps = environment.get("imported_from"), timing.get("steps")
+    if isinstance(source, str) and isinstance(steps, list) and steps:
+        digest = hashlib.sha256(canonical([source, steps]).encode()).hexdigest()
+        return RunIdentity(f"log:{digest}", f"imported from {printable(source)}, the same steps")
+    return RunIdentity(f"run:{run_id}", f"run.id {printable(run_id)}")
+
+
+def distinct_runs(runs: list[Run]) -> tuple[list[Run], list[str]]:
+    """Each run once, the first of its summaries kept, with a note for each other: a copy counted as
+    a repeat would look like a second measurement. Copies that disagree on the label or the
+    configuration are refused: nothing says which of them is right."""
+    first: dict[RunIdentity, Run] = {}
+    kept, notes = [], []
+    for run in runs:
+        original = first.setdefault(run.identity, run)
+        if original is run:
+            kept.append(run)
+            continue
+        names = differing([configuration(original), configuration(run)])
+        if original.label != run.label or names:
+            what = ", ".join((["label"] if original.label != run.label else []) + names)
+            raise ReportError(f"{printable(original.path)} and {printable(run.path)} are the same run "
+                              f"({run.identity.shown}) but differ in {what}; keep the one whose facts are right")
+        notes.append(f"{printable(run.path)} is the same run as {printable(original.path)} ({run.identity.shown}): "
+                     "counted once")
+    return kept, notes

@@ -20,6 +20,7 @@ from nemo_throughput.report.comparable import (
     described,
     differences_by_file,
     differing,
+    distinct_runs,
 )
 from nemo_throughput.report.goodput import goodput_records
 from nemo_throughput.report.runs import PHASES, PROFILE_FRACTIONS, ReportError, Run
@@ -217,7 +218,7 @@ def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = N
     if group_by not in GROUP_BY:
         raise ReportError(f"group by {group_by!r}: use one of {GROUP_BY}")
     _require_distinct_when_printed(runs)
-    notes: list[str] = []
+    runs, notes = distinct_runs(runs)
     try:
         groups = [_group(members, tokens, group_by, notes) for members in _by_configuration(runs, group_by).values()]
         groups.sort(key=lambda g: (g.model, g.label, g.num_gpus))

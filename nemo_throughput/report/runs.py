@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.errors import ReportError
-from nemo_throughput.report.comparable import canonical
+from nemo_throughput.report.comparable import RunIdentity, canonical, run_identity
 from nemo_throughput.report.fields import (
     Fields,
     is_count,
@@ -98,6 +98,7 @@ class Run:
     counted: CountedStep | None = None  # packed or padded batches as counted (batch.counted), with their FLOPs
     model_spec: dict[str, Any] | None = None  # model.spec: the model shape; None: not stated
     parallel: dict[str, Any] | None = None  # the parallel layout (data, tensor, pipeline, ...); None: not stated
+    identity: RunIdentity | None = None  # what makes two summaries one run (comparable.run_identity)
 
     @property
     def workload(self) -> Workload:
@@ -128,7 +129,8 @@ def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
               peak_tflops=fields.positive("hardware.peak_tflops", optional=True),
               step_time_s=step_time_s, steps_counted=counted, window=window_text, notes=notes,
               explanation=read_explanation(fields), counted=_counted(fields), model_spec=_model_spec(fields),
-              parallel=fields.optional("parallel") or None)
+              parallel=fields.optional("parallel") or None,
+              identity=run_identity(fields.text("run.id"), summary))
     _require_finite_metrics(run)
     return run
 
