@@ -18,6 +18,9 @@ from nemo_throughput.values import is_int, is_number
 LARGEST_BATCH_OR_LENGTH = 2**24  # sequences per step, or tokens per sequence
 LARGEST_PEAK_TFLOPS = 1e5  # per GPU: ten times the largest dense peak sold (FP4)
 LARGEST_FLOPS_PER_SAMPLE = 1e21  # a 10-trillion-parameter model on a million-token sequence is ~6e19
+# Below this per token a FLOPs figure is in another unit (TFLOPs, GFLOPs): training a token costs at least one
+# multiply-add (2 FLOPs) in the forward pass and two in the backward pass, through a single weight.
+FEWEST_FLOPS_PER_TOKEN = 6
 # UTF-8 bytes in run_name or model_name: a run's name names its directory where output_dir holds another
 # run (a file name is at most 255 bytes; the default name adds ~25 to the model's, a repeat `-NN`)
 LONGEST_NAME_BYTES = 200
@@ -60,7 +63,8 @@ class ThroughputConfig:
     flops_per_sample: float | None = None
     """Model FLOPs per sample as published (e.g. a recipe's rounded `3.94e15`), used as is and
     recorded as `model.flops_formula: user`; the model shape is then optional (give `model_name`,
-    and `seq_length` for tokens/s). Not together with `flops_formula: measured`."""
+    and `seq_length` for tokens/s). Not together with `flops_formula: measured`. FLOPs, not TFLOPs: fewer
+    than 6 per token of `seq_length` (what training a token costs at least) are refused."""
     rate: str = "auto"
     """The primary rate (`throughput.primary`): `tokens` (tokens/s; needs a sequence length),
     `samples` (samples/s: images, ...), or `auto`: tokens/s when `seq_length` is known, else samples/s."""
@@ -140,7 +144,7 @@ class ThroughputConfig:
                              f"(GPT formulas) or {MEASURED!r} (any model: counted on its first training step)")
         if self.dtype is not None:
             self.dtype = check_dtype(self.dtype)
-        check_flops_settings(self.peak_tflops, self.flops_per_sample)
+        check_flops_settings(self.peak_tflops, self.flops_per_sample, self.seq_length)
         self._check_measured()
         if self.rate not in RATE_CHOICES:
             raise ValueError(f"Unknown rate {self.rate!r}; choose one of {list(RATE_CHOICES)} (auto: tokens/s when "
@@ -204,11 +208,18 @@ def check_positive_number(name: str, value: Any, unit: str, largest: float = mat
         raise ValueError(f"{name} must be at most {largest:g} {unit.removeprefix('of ')}, got {value:g}{hint}")
 
 
-def check_flops_settings(peak_tflops: Any, flops_per_sample: Any) -> None:
-    """The peak and the FLOPs per sample, as settings and as an import's arguments give them."""
+def check_flops_settings(peak_tflops: Any, flops_per_sample: Any, seq_length: int | None = None) -> None:
+    """The peak and the FLOPs per sample, as settings and as an import's arguments give them; with the
+    sequence length, FLOPs per sample too few for its tokens (a figure in TFLOPs or GFLOPs) are refused:
+    its MFU would be written, a trillion times too small, as if fine."""
     check_positive_number("peak_tflops", peak_tflops, "of TFLOPS per GPU", LARGEST_PEAK_TFLOPS,
                           " (FLOPS given for TFLOPS? an H100's dense BF16 peak is 989)")
     check_positive_number("flops_per_sample", flops_per_sample, "of model FLOPs per sample", LARGEST_FLOPS_PER_SAMPLE)
+    if flops_per_sample is not None and seq_length and flops_per_sample < FEWEST_FLOPS_PER_TOKEN * seq_length:
+        raise ValueError(f"flops_per_sample {flops_per_sample:g} is less than {FEWEST_FLOPS_PER_TOKEN} FLOPs per token "
+                         f"of a {seq_length:,}-token sample ({FEWEST_FLOPS_PER_TOKEN * seq_length:,}), the least "
+                         "training a token costs: give model FLOPs per sample, not TFLOPs or GFLOPs (a 1B-parameter "
+                         "model at 2,048 tokens is about 1.2e13)")
 
 
 def _checked_profile_steps(value: Any) -> tuple[int, int] | None:

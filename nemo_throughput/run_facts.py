@@ -100,7 +100,9 @@ class RunFacts:
         if self.flops_formula not in (*FLOPS_FORMULAS, USER_FLOPS, None):
             raise ValueError(f"flops_formula must be one of {[*FLOPS_FORMULAS, USER_FLOPS, None]}, "
                              f"got {self.flops_formula!r}")
-        check_flops_settings(self.peak_tflops, self.flops_per_sample)
+        # FLOPs given by the user are held against the tokens they cover; computed or counted ones are the model's
+        check_flops_settings(self.peak_tflops, self.flops_per_sample,
+                             self.seq_length if self.flops_formula == USER_FLOPS else None)
 
     @functools.cached_property
     def spec_dict(self) -> dict[str, Any] | None:

@@ -428,6 +428,18 @@ def test_flops_per_sample_given_with_a_known_shape_keeps_the_shape_but_not_its_f
     assert summary["model"]["spec"]["num_layers"] == 1
 
 
+def test_flops_per_sample_given_in_tflops_is_refused_before_training(tmp_path, quiet_trainer_kwargs):
+    """3.94 for a published 3.94e15 (TFLOPs): an MFU 1e15 times too small, written as if fine. The demo's
+    samples are 16 tokens (read from its config), so fewer than 6 x 16 FLOPs cannot train one."""
+    with pytest.raises(ValueError, match=r"flops_per_sample 3\.94 is less than 6 FLOPs per token of a 16-token "
+                                         r"sample \(96\).*not TFLOPs or GFLOPs"):
+        fit_demo(tmp_path, quiet_trainer_kwargs, steps=2, flops_per_sample=3.94, peak_tflops=1.0)
+    with pytest.raises(ValueError, match=r"flops_per_sample 5e-06 is less than 6 FLOPs per token of a 8,192-token"):
+        ThroughputCallback(flops_per_sample=5e-6, seq_length=8192)  # PFLOPs: refused where both are given
+    _, summary = fit_demo(tmp_path, quiet_trainer_kwargs, steps=2, flops_per_sample=96, warmup_steps=1)
+    assert summary["model"]["flops_per_sample"] == 96  # the least a 16-token sample can cost
+
+
 def test_flops_per_sample_still_needs_the_sequence_length_and_a_model_name(tmp_path, quiet_trainer_kwargs):
     pl, model = tiny_lm()
     trainer = pl.Trainer(max_steps=2, logger=False, **quiet_trainer_kwargs,

@@ -540,6 +540,16 @@ def test_flops_per_sample_must_be_a_positive_finite_number(tmp_path, capsys, val
     assert code == 2 and "--flops-per-sample" in err and "positive finite number" in err
 
 
+@pytest.mark.parametrize("value, tokens", [("3.94", "2,048"), ("1.2e4", "2,048")])
+def test_flops_per_sample_in_tflops_is_refused_naming_the_unit(tmp_path, capsys, value, tokens):
+    """3.94 for a published 3.94e15: the MFU would be written 1e15 times too small, as if fine."""
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", "--flops-per-sample", value,
+                              "--model-name", "m", "--peak-tflops", "989", out=tmp_path, model=())
+    assert code == 2 and "Traceback" not in err, err
+    assert f"flops_per_sample {float(value):g} is less than 6 FLOPs per token of a {tokens}-token sample" in err
+    assert "not TFLOPs or GFLOPs" in err and not list(tmp_path.iterdir())
+
+
 def test_the_model_or_its_flops_must_be_given(tmp_path, capsys):
     code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", out=tmp_path, model=())
     assert code == 2 and "--flops-per-sample" in err and "--model" in err

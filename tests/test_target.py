@@ -69,7 +69,7 @@ class Regression(pl.LightningModule):
 def fit(tmp_path, quiet_trainer_kwargs, steps=40, **settings):
     model = Regression()
     callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), seq_length=1, micro_batch_size=4,
-                                  flops_per_sample=1.0, model_name="regression", log_every_n_steps=2,
+                                  flops_per_sample=6.0, model_name="regression", log_every_n_steps=2,
                                   warmup_steps=1, **settings)
     trainer = pl.Trainer(max_steps=steps, val_check_interval=5, num_sanity_val_steps=1, callbacks=[callback],
                          logger=False, **quiet_trainer_kwargs)
