@@ -134,11 +134,8 @@ class ThroughputConfig:
         if not is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         for name in ("global_batch_size", "micro_batch_size", "seq_length"):
-            value = getattr(self, name)
-            if value is not None:
-                require_positive_int(name, value, prefix="")
-                if value > LARGEST_BATCH_OR_LENGTH:  # no run has one; a larger value is a typo (and overflows)
-                    raise ValueError(f"{name} must be at most {LARGEST_BATCH_OR_LENGTH:,}, got {value!r}")
+            if getattr(self, name) is not None:
+                check_batch_or_length(name, getattr(self, name))
         if self.flops_formula not in FLOPS_FORMULAS:
             raise ValueError(f"Unknown flops_formula {self.flops_formula!r}; choose one of {list(FORMULAS)} "
                              f"(GPT formulas) or {MEASURED!r} (any model: counted on its first training step)")
@@ -206,6 +203,14 @@ def check_positive_number(name: str, value: Any, unit: str, largest: float = mat
         raise ValueError(f"{name} must be a positive number {unit}, got {value!r}")
     if value > largest:
         raise ValueError(f"{name} must be at most {largest:g} {unit.removeprefix('of ')}, got {value:g}{hint}")
+
+
+def check_batch_or_length(name: str, value: Any) -> None:
+    """A batch size or a sequence length, as a setting or an import's argument gives it: a positive int,
+    at most LARGEST_BATCH_OR_LENGTH (no run has more; a larger one is a typo, and overflows the rates)."""
+    require_positive_int(name, value, prefix="")
+    if value > LARGEST_BATCH_OR_LENGTH:
+        raise ValueError(f"{name} must be at most {LARGEST_BATCH_OR_LENGTH:,}, got {value!r}")
 
 
 def check_flops_settings(peak_tflops: Any, flops_per_sample: Any, seq_length: int | None = None) -> None:

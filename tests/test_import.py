@@ -550,6 +550,32 @@ def test_flops_per_sample_in_tflops_is_refused_naming_the_unit(tmp_path, capsys,
     assert "not TFLOPs or GFLOPs" in err and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("extra, said", [
+    # 10**20 GPUs divided every figure per GPU (an MFU of 1e-21), a typo's seq length multiplied tokens/s
+    (("--num-gpus", "100000000000000000000"), "--num-gpus 100000000000000000000: give a count from 1 to 1,000,000"),
+    (("--seq-length", "99999999999"), "--seq-length must be at most 16,777,216, got 99999999999"),
+    # 12 GPUs on nodes of 8 was recorded as 2 nodes without a word: a wrong count, or nodes of another size
+    (("--num-gpus", "12"), "--num-gpus 12 is no whole number of nodes of --gpus-per-node 8 (the default): give the "
+                           "GPUs each node ran with --gpus-per-node, or correct --num-gpus"),
+    (("--num-gpus", "24", "--gpus-per-node", "16"), "--num-gpus 24 is no whole number of nodes of --gpus-per-node 16:"),
+])
+def test_counts_no_run_has_are_refused_naming_the_option(tmp_path, capsys, extra, said):
+    log = tmp_path / "job.out"
+    log.write_text(MEGATRON_LINE)
+    code, _, err = run_import(capsys, log, "--warmup", "0", "--flops-per-sample", "1e15", *extra, out=tmp_path / "out")
+    assert code == 2 and "Traceback" not in err and said in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra, nodes", [(("--num-gpus", "12", "--gpus-per-node", "6"), 2), (("--num-gpus", "4"), 1)])
+def test_gpus_that_fill_whole_nodes_or_part_of_one_are_imported(tmp_path, capsys, extra, nodes):
+    log = tmp_path / "job.out"
+    log.write_text(MEGATRON_LINE)
+    code, _, err = run_import(capsys, log, "--warmup", "0", *extra, out=tmp_path / "out")
+    assert code == 0, err
+    assert summary_of(tmp_path / "out", "job")["hardware"]["num_nodes"] == nodes
+
+
 def test_the_model_or_its_flops_must_be_given(tmp_path, capsys):
     code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", out=tmp_path, model=())
     assert code == 2 and "--flops-per-sample" in err and "--model" in err

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.config import check_batch_or_length
 from nemo_throughput.errors import ReportError
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
@@ -51,7 +52,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports.add_argument("--gpus-per-node", type=int, help=f"to count the nodes (default {DEFAULT_GPUS_PER_NODE}; "
                                                            "--format mlperf: the nodes of the log's "
                                                            "submission_platform, e.g. 18xNVIDIA GB200, where it "
-                                                           "names them)")
+                                                           "names them); --num-gpus fills whole nodes of it")
     imports.add_argument("--rank", help="the rank to read where several print (srun --label / torchrun prefix "
                                         "number, e.g. 0 or 1/7; default: the lowest)")
     imports.add_argument("--window", help="steps that count, e.g. 35:45, -10: or last (default: all after the "
@@ -118,10 +119,11 @@ Written = list[tuple[Path, dict, Callable[[Path], None]]]  # (summary path, summ
 
 def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
     _require(args, "label", "seq_length", "num_gpus")
+    _check_arguments(args)
     if args.gpus_per_node is None:
         args.gpus_per_node = DEFAULT_GPUS_PER_NODE
+    _whole_nodes(args.num_gpus, args.gpus_per_node)
     spec, model_name = _model(args)
-    _check_arguments(args)
     window = Window.parse(args.window) if args.window else None
     names = output_names(args.logs)
     for log, name in zip(args.logs, names, strict=True):  # before any work; again before writing
@@ -132,7 +134,7 @@ def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
         imported = import_run(
             log, fmt=None if args.format == "auto" else args.format, global_batch_size=args.global_batch_size,
             seq_length=args.seq_length, spec=spec, model_name=model_name, num_gpus=args.num_gpus,
-            num_nodes=math.ceil(args.num_gpus / args.gpus_per_node), label=args.label, name=name, rank=args.rank,
+            num_nodes=_whole_nodes(args.num_gpus, args.gpus_per_node), label=args.label, name=name, rank=args.rank,
             window=window, warmup_steps=args.warmup, gpu_name=args.gpu_name, dtype=args.dtype,
             peak=args.peak_tflops, flops_formula=args.flops_formula, flops_per_sample=args.flops_per_sample,
             orchestrator=args.orchestrator)
@@ -146,10 +148,7 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
     a submitter folder (results/ and systems/) imports whole. The command's own warning is said once,
     before the first file's."""
     refuse_inapplicable_to_mlperf(args)
-    for option in ("num_gpus", "gpus_per_node"):
-        value = getattr(args, option)
-        if value is not None and mlperf.plausible_count(value)[0] is None:
-            raise ReportError(f"--{option.replace('_', '-')} {value}: give a count from 1 to {mlperf.MAX_COUNT:,}")
+    _check_gpu_counts(args)
     files, links = mlperf.result_files(args.logs)
     imported = []
     for path, name in zip(files, output_names(files), strict=True):
@@ -256,17 +255,35 @@ def _require(args: argparse.Namespace, *names: str) -> None:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    for name in ("seq_length", "num_gpus", "gpus_per_node"):
-        if getattr(args, name) < 1:
-            raise ReportError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.global_batch_size is not None and args.global_batch_size < 1:
-        raise ReportError("--global-batch-size must be at least 1")
+    """The numbers of a log's import, each by the rule its setting or count has everywhere."""
+    for name in ("seq_length", "global_batch_size"):
+        if getattr(args, name) is not None:
+            check_batch_or_length(f"--{name.replace('_', '-')}", getattr(args, name))
+    _check_gpu_counts(args)
     if args.warmup < 0:
         raise ReportError("--warmup must be 0 or more")
     for name in ("flops_per_sample", "peak_tflops"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ReportError(f"--{name.replace('_', '-')} {value}: must be a positive finite number")
+
+
+def _check_gpu_counts(args: argparse.Namespace) -> None:
+    """--num-gpus and --gpus-per-node, where given: whole counts from 1 to what any system has, in every format."""
+    for option in ("num_gpus", "gpus_per_node"):
+        value = getattr(args, option)
+        if value is not None and mlperf.plausible_count(value)[0] is None:
+            raise ReportError(f"--{option.replace('_', '-')} {value}: give a count from 1 to {mlperf.MAX_COUNT:,}")
+
+
+def _whole_nodes(num_gpus: int, gpus_per_node: int) -> int:
+    """The nodes a log's run had. GPUs that fill no whole number of nodes are a wrong count, or nodes
+    of another size: the node count (grouped by in report, compared in compare) would be a guess."""
+    if num_gpus > gpus_per_node and num_gpus % gpus_per_node:
+        raise ReportError(f"--num-gpus {num_gpus} is no whole number of nodes of --gpus-per-node {gpus_per_node}"
+                          f"{' (the default)' if gpus_per_node == DEFAULT_GPUS_PER_NODE else ''}: give the GPUs "
+                          "each node ran with --gpus-per-node, or correct --num-gpus")
+    return math.ceil(num_gpus / gpus_per_node)
 
 
 def _spec_from_json(text: str, seq_length: int) -> ModelSpec:
