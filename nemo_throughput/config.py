@@ -76,7 +76,7 @@ class ThroughputConfig:
     model config."""
     seq_length: int | None = None
     """Tokens per sample. Default: from the model or data config; without it (and without a model
-    shape that gives it) the rate is samples/s."""
+    shape that gives it) the rate is samples/s. Given with `model_spec.seq_length`, the two must be equal."""
     dtype: str | None = None
     """Which peak MFU uses: `fp4`, `fp8`, `bf16`, `fp16`, `tf32` or `fp32`. Default: from the trainer's
     precision (and the model config's fp8/fp4 flags)."""
@@ -158,6 +158,7 @@ class ThroughputConfig:
             raise ValueError(f"Unknown profile_mode {self.profile_mode!r}; choose one of {list(PROFILE_MODES)}")
         self.profile_trace_ranks = _checked_ranks(self.profile_trace_ranks)
         self.model_spec = _checked_model_spec(self.model_spec)
+        check_one_seq_length(self.seq_length, self.model_spec, "seq_length", "model_spec.seq_length")
         self.target = checked_target(self.target)
         self.prometheus = checked_prometheus(self.prometheus)
         if self.mllog and self.target is None:
@@ -211,6 +212,15 @@ def check_batch_or_length(name: str, value: Any) -> None:
     require_positive_int(name, value, prefix="")
     if value > LARGEST_BATCH_OR_LENGTH:
         raise ValueError(f"{name} must be at most {LARGEST_BATCH_OR_LENGTH:,}, got {value!r}")
+
+
+def check_one_seq_length(seq_length: int | None, spec: Mapping[str, Any] | None, name: str, spec_name: str) -> None:
+    """A sequence length given twice, as itself and in the model spec, must be one: the given one
+    replaces the spec's, which would otherwise be dropped without a word."""
+    in_spec = (spec or {}).get("seq_length")
+    if seq_length is not None and in_spec is not None and in_spec != seq_length:
+        raise ValueError(f"{name} {seq_length} and {spec_name} {in_spec} disagree: give one of them (tokens/s "
+                         "and the FLOPs count the same sequences)")
 
 
 def check_flops_settings(peak_tflops: Any, flops_per_sample: Any, seq_length: int | None = None) -> None:

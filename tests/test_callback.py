@@ -304,6 +304,9 @@ def test_a_parallel_size_that_is_not_a_positive_integer_is_refused_naming_its_ke
     ({"flops_per_sample": 1e308}, "flops_per_sample must be at most 1e\\+21 model FLOPs per sample, got 1e\\+308"),
     ({"global_batch_size": 10**30}, "global_batch_size must be at most 16,777,216, got 10000"),
     ({"seq_length": 2**25}, "seq_length must be at most 16,777,216, got 33554432"),
+    # two lengths for one run: the setting won and model_spec's was dropped without a word
+    ({"seq_length": 2048, "model_spec": {"seq_length": 4096}}, r"seq_length 2048 and model_spec.seq_length 4096 "
+                                                               r"disagree: give one of them"),
     # a name that cannot name a directory, refused at once, not on the second run into an output_dir
     ({"run_name": "r" * 300}, "run_name is 300 bytes long; it must be at most 200 bytes with no NUL"),
     ({"model_name": "\u00e9" * 101}, "model_name is 202 bytes long"),

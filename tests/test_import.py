@@ -576,6 +576,18 @@ def test_gpus_that_fill_whole_nodes_or_part_of_one_are_imported(tmp_path, capsys
     assert summary_of(tmp_path / "out", "job")["hardware"]["num_nodes"] == nodes
 
 
+def test_a_model_spec_whose_seq_length_is_not_the_one_given_is_refused(tmp_path, capsys):
+    """--seq-length replaced the spec's own 4096 without a word: the FLOPs of another sequence length."""
+    spec = json.dumps({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128,
+                       "seq_length": 4096})
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", out=tmp_path,
+                              model=("--model-spec", spec))
+    assert code == 2 and "--seq-length 2048 and --model-spec's seq_length 4096 disagree: give one of them" in err
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", out=tmp_path,
+                              model=("--model-spec", spec.replace("4096", "2048")))
+    assert code == 0, err
+
+
 def test_the_model_or_its_flops_must_be_given(tmp_path, capsys):
     code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", out=tmp_path, model=())
     assert code == 2 and "--flops-per-sample" in err and "--model" in err

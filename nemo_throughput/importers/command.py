@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nemo_throughput.config import check_batch_or_length
+from nemo_throughput.config import check_batch_or_length, check_one_seq_length
 from nemo_throughput.errors import ReportError
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
@@ -40,7 +40,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                                          "the default is the log's system name)")
     model = imports.add_mutually_exclusive_group()
     model.add_argument("--model", help=f"size preset: {', '.join(PRESETS)}")
-    model.add_argument("--model-spec", help='ModelSpec fields as JSON, e.g. \'{"num_layers": 12, ...}\'')
+    model.add_argument("--model-spec", help='ModelSpec fields as JSON, e.g. \'{"num_layers": 12, ...}\' (a '
+                       'seq_length in it must be --seq-length)')
     imports.add_argument("--flops-per-sample", type=float, help="model FLOPs per sample as published (recorded as "
                          "given, formula 'user'); then --model and --model-spec are optional")
     imports.add_argument("--model-name", help="model.name (default: the preset, or one from the parameter count)")
@@ -293,6 +294,7 @@ def _spec_from_json(text: str, seq_length: int) -> ModelSpec:
         raise ReportError(f"--model-spec is not JSON: {error}") from error
     if not isinstance(fields, dict):
         raise ReportError("--model-spec must be a JSON object of ModelSpec fields")
+    check_one_seq_length(seq_length, fields, "--seq-length", "--model-spec's seq_length")
     return ModelSpec.from_dict({"seq_length": seq_length, **fields})
 
 
