@@ -588,6 +588,17 @@ def test_a_model_spec_whose_seq_length_is_not_the_one_given_is_refused(tmp_path,
     assert code == 0, err
 
 
+@pytest.mark.parametrize("extra, said", [
+    (("--gpu-name", "NVIDIA H100 80GB HBM3"), "--gpu-name without --dtype (bf16, fp8, ...) names no peak"),
+    (("--dtype", "bf16"), "--dtype without --gpu-name names no peak"),
+])
+def test_half_of_what_the_peak_needs_is_said_not_left_a_null_mfu(tmp_path, capsys, extra, said):
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", *extra, out=tmp_path)
+    assert code == 0, err
+    assert f"warning: no MFU: {said} to divide by (give both, or --peak-tflops)" in err
+    assert summary_of(tmp_path, "megatron_lm_mixtral_issue756")["throughput"]["mfu"] is None
+
+
 def test_the_model_or_its_flops_must_be_given(tmp_path, capsys):
     code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", out=tmp_path, model=())
     assert code == 2 and "--flops-per-sample" in err and "--model" in err

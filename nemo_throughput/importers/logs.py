@@ -174,7 +174,7 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]})
     summary = build_summary(facts, stats, "completed", explained={"network": network_section}, log_timing=log_timing)
     notes = (_notes(read, bad) + _window_notes(read, valid, measured, window) + _spacing_notes(read, measured)
-             + _above_peak_notes(facts, summary))
+             + _above_peak_notes(facts, summary) + _half_a_peak_notes(gpu_name, dtype, peak))
     if tokens_checked:
         notes.append(f"the log's own tokens/s per GPU agree with --seq-length {seq_length} and --num-gpus {num_gpus} "
                      f"({tokens_checked} line(s) checked)")
@@ -228,6 +228,15 @@ def _above_peak_notes(facts: RunFacts, summary: dict[str, Any]) -> list[str]:
     if above_peak is None:
         return []
     return ["warning: " + mfu_above_peak_warning(facts, above_peak).removeprefix("nemo-throughput: ")]
+
+
+def _half_a_peak_notes(gpu_name: str | None, dtype: str | None, peak: float | None) -> list[str]:
+    """--gpu-name or --dtype, given for MFU, without the other: the table has no peak to look up, and an
+    MFU left null without a word looks like a GPU the table lacks."""
+    if peak is not None or bool(gpu_name) == bool(dtype):
+        return []
+    given, missing = ("--gpu-name", "--dtype (bf16, fp8, ...)") if gpu_name else ("--dtype", "--gpu-name")
+    return [f"warning: no MFU: {given} without {missing} names no peak to divide by (give both, or --peak-tflops)"]
 
 
 def _window_notes(read: ReadLog, valid: list[Step], measured: list[Step], window: Window | None) -> list[str]:
