@@ -81,7 +81,8 @@ class ThroughputConfig:
     """Which peak MFU uses: `fp4`, `fp8`, `bf16`, `fp16`, `tf32` or `fp32`. Default: from the trainer's
     precision (and the model config's fp8/fp4 flags)."""
     peak_tflops: float | None = None
-    """Dense peak TFLOPS per GPU. Default: from the GPU table; set it for parts the table lacks."""
+    """Dense peak TFLOPS per GPU. Default: from the GPU table; set it for parts the table lacks. One more
+    than 1.5 times from the table's figure for the same GPU and dtype (a node's peak, a sparse one) is warned of."""
     per_step_jsonl: bool = False
     """Also write `steps.jsonl`: every step, every rank's phases."""
     telemetry: bool = True

@@ -119,6 +119,11 @@ ACCELERATORS: tuple[Accelerator, ...] = (
                 "figures"),
 )
 
+# A given peak this far from the table's, for the same part and dtype, is likely another figure: a node's (x8),
+# a sparse one (x2), another dtype's. MFU divides by it all the same, so it is said; closer ones (a power-capped
+# part, a measured matmul peak) are not.
+PEAK_UNLIKE_THE_TABLE = 1.5
+
 _OVERRIDE_HINT = "set peak_tflops (callbacks.throughput.peak_tflops=..., import --peak-tflops) to get MFU"
 
 
@@ -144,11 +149,23 @@ def resolve_peak(given: float | None, gpu_name: str | None, dtype: str | None) -
     (source "user"), else the table's for ``gpu_name`` and ``dtype`` (source "table:<part>"), else
     (None, None): no dtype to look up, or the table has no figure (then with a warning)."""
     if given is not None:
+        _say_a_peak_unlike_the_table(given, gpu_name, dtype)
         return given, "user"
     if not gpu_name or not dtype:
         return None, None
     peak, accelerator = _table_peak(gpu_name, dtype)
     return (peak, f"table:{accelerator.name}") if peak is not None else (None, None)
+
+
+def _say_a_peak_unlike_the_table(given: float, gpu_name: str | None, dtype: str | None) -> None:
+    """A warning where the table knows the part's peak at ``dtype`` and ``given`` is far from it."""
+    accelerator = identify(gpu_name) if gpu_name and dtype else None
+    table = accelerator.peak_tflops.get(dtype.lower()) if accelerator else None
+    if table is None or 1 / PEAK_UNLIKE_THE_TABLE <= given / table <= PEAK_UNLIKE_THE_TABLE:
+        return
+    log.warning("nemo-throughput: peak_tflops %g is %.3gx the table's %g for %s at %s: a node's peak rather than one "
+                "GPU's, a sparse figure, or another dtype's? MFU divides by the %g given.", given, given / table,
+                table, accelerator.name, dtype.lower(), given)
 
 
 def _table_peak(gpu_name: str, dtype: str) -> tuple[float | None, Accelerator | None]:

@@ -599,6 +599,22 @@ def test_half_of_what_the_peak_needs_is_said_not_left_a_null_mfu(tmp_path, capsy
     assert summary_of(tmp_path, "megatron_lm_mixtral_issue756")["throughput"]["mfu"] is None
 
 
+@pytest.mark.parametrize("peak, said", [
+    ("7916", "peak_tflops 7916 is 8x the table's 989.5 for H100 SXM at bf16: a node's peak rather than one GPU's, "
+             "a sparse figure, or another dtype's? MFU divides by the 7916 given."),
+    ("1979", "peak_tflops 1979 is 2x the table's 989.5 for H100 SXM at bf16"),  # the sparse figure
+    ("900", None),  # a measured or power-capped peak: near the table's
+])
+def test_a_peak_far_from_the_table_s_for_the_gpu_is_said(tmp_path, peak, said):
+    """A node's peak (8 x 989.5) divided the MFU by 8 without a word."""
+    result, out = import_cli(DATA / "megatron_lm_mixtral_issue756.log", "--gpu-name", "NVIDIA H100 80GB HBM3",
+                             "--dtype", "bf16", "--peak-tflops", peak, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (said in result.stderr) if said else "the table's" not in result.stderr, result.stderr
+    hardware = summary_of(out, "megatron_lm_mixtral_issue756")["hardware"]
+    assert (hardware["peak_tflops"], hardware["peak_source"]) == (float(peak), "user")
+
+
 def test_the_model_or_its_flops_must_be_given(tmp_path, capsys):
     code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", out=tmp_path, model=())
     assert code == 2 and "--flops-per-sample" in err and "--model" in err
