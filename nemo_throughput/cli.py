@@ -7,17 +7,16 @@ second. Handlers import them where they are used (tests/test_cli_startup.py chec
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from nemo_throughput.bench import command as bench
 from nemo_throughput.compare import command as compare
 from nemo_throughput.demo import command as demo
-from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import probe_command as probe
 from nemo_throughput.importers import command as importers
 from nemo_throughput.launch import command as launch
 from nemo_throughput.report import command as report
-from nemo_throughput.window import Window
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,11 +29,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _is_window(text: str) -> bool:
-    try:
-        Window.parse(text)
-    except ReportError:
-        return False
-    return True
+    """Written as a window, whether or not it selects steps (`-0:` is then refused as one, naming it)."""
+    return re.fullmatch(r"-\d+:-?\d*", text) is not None
 
 
 def build_parser() -> argparse.ArgumentParser:

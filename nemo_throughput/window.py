@@ -34,6 +34,9 @@ class Window:
             start, stop = (int(p) if p else None for p in parts)
         except ValueError:
             raise ReportError(f"--window {text!r}: use {SYNTAX}") from None
+        if start == 0 and parts[0].lstrip().startswith("-"):  # read as 0: it took every step, warm-up included
+            raise ReportError(f"--window {text!r} counts no step from the end: give -N: with N at least 1 (the last "
+                              "N steps), or 0: for every step")
         if start is not None and stop is not None and (start < 0 or stop <= start):
             raise ReportError(f"--window {text!r} selects no step: A:B needs 0 <= A < B")
         return cls(text, start, stop)

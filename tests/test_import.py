@@ -642,6 +642,20 @@ def test_window_takes_a_negative_start_as_its_own_argument(tmp_path, capsys):
     assert timing["window"] == "-10:" and timing["step_time_s"]["mean"] == pytest.approx(1.0255)
 
 
+@pytest.mark.parametrize("window, said", [
+    # -0 is 0: every step was measured, the warm-up too, under a window that reads "the last none"
+    ("-0:", "--window '-0:' counts no step from the end: give -N: with N at least 1 (the last N steps), or 0: for "
+            "every step"),
+    ("-5:10", "--window '-5:10' selects no step: A:B needs 0 <= A < B"),  # was argparse's "expected one argument"
+])
+def test_a_window_from_the_end_that_selects_nothing_is_refused_naming_it(tmp_path, capsys, window, said):
+    log = tmp_path / "w.log"
+    log.write_text("".join(MEGATRON_LINE.replace("10/", f"{i}/") for i in range(1, 31)))
+    code, _, err = run_import(capsys, log, "--window", window, out=tmp_path / "out")
+    assert code == 2 and f"nemo-throughput import: {said}" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------------------- moved from test_report.py
 NEMO1_LOG = "".join(  # tqdm progress bar as NeMo 1.x prints it into a Slurm .out: \r between refreshes
     f"Epoch 0: :  {s}%|          | {s + 1}/50 [00:{s:02d}<00:30, reduced_train_loss=10.{s:02d}, global_step={s}.000, "
