@@ -3,6 +3,7 @@ never asserted here: these machines are shared); its arithmetic and arguments, c
 
 import json
 import math
+import os
 import re
 
 import pytest
@@ -211,6 +212,15 @@ def test_bench_ranks_reports_the_log_step_cost_per_rank_count_and_steps_done(tmp
         for point in row["by_steps_done"].values():
             assert all(point[key] > 0 for key in ("log_step_us", "log_step_cpu_us", "non_log_step_us",
                                                   "non_log_step_cpu_us"))
+
+
+def test_bench_ranks_refuses_more_ranks_than_the_machine_can_start_before_starting_any(tmp_path):
+    """Each rank is a process importing torch: `--ranks 100000` started them until memory ran out."""
+    too_many = 4 * os.cpu_count() + 1
+    result = bench("--ranks", f"2,{too_many}", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr == (f"nemo-throughput bench: --ranks {too_many}: at most {too_many - 1} gloo ranks here "
+                             f"(4 per CPU, {os.cpu_count()} CPUs): each rank is a process of its own\n")
 
 
 def test_bench_ranks_refuses_a_bad_rank_list(tmp_path):

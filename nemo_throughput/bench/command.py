@@ -36,7 +36,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--output", type=Path, help="write the table (or JSON) to this file instead of stdout, as "
                                                    "report does; its directory must exist")
     bench.add_argument("--ranks", help="instead of the trials: the host cost of a log step and of an ordinary step "
-                                       "at these numbers of gloo ranks (CPU processes, e.g. 2,4,8)")
+                                       "at these numbers of gloo ranks (CPU processes, e.g. 2,4,8; at "
+                                       "most 4 per CPU)")
     bench.add_argument("--steps-done", default="100,1000,10000",
                        help="with --ranks: measure after this many steps of the run (100,1000,10000)")
     bench.set_defaults(handler=run_command)
@@ -64,10 +65,11 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run_log_step_command(args: argparse.Namespace) -> int:
     """``--ranks``: the log-step bench (nemo_throughput.bench.log_step) instead of the trials."""
-    from nemo_throughput.bench.log_step import parse_counts, render_log_step, run_log_step_bench
+    from nemo_throughput.bench.log_step import check_rank_counts, parse_counts, render_log_step, run_log_step_bench
 
     try:
         ranks = parse_counts("--ranks", args.ranks, "2,4,8")
+        check_rank_counts(ranks)
         steps_done = parse_counts("--steps-done", args.steps_done, "100,1000,10000")
         if args.output:
             check_output_file(args.output, "--output")
