@@ -7,7 +7,19 @@ importers and the command line reach it through the run's facts).
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+RANKS_PER_CPU = 4  # the docs' figures ran 8 gloo ranks on 2 CPUs
+
+
+def check_cpu_ranks(option: str, count: int) -> None:
+    """Gloo ranks to start on this machine's CPUs, each a process that imports torch: 100000 would start
+    processes until memory ran out, with no figure to show; more than a few per CPU measure the crowding."""
+    most = RANKS_PER_CPU * (os.cpu_count() or 1)
+    if count > most:
+        raise ValueError(f"{option} {count}: at most {most} gloo ranks here ({RANKS_PER_CPU} per CPU, "
+                         f"{os.cpu_count()} CPUs): each rank is a process of its own")
 
 
 def is_up() -> bool:

@@ -85,6 +85,16 @@ def test_demo_refuses_overrides_of_what_its_options_set(tmp_path, override, opti
     assert result.stdout == ""
 
 
+def test_demo_refuses_more_ranks_than_the_machine_can_start_before_starting_any(tmp_path):
+    """Each rank is a process importing torch: `--devices 100000` started them until memory ran out."""
+    too_many = 4 * os.cpu_count() + 1
+    result = nemo_throughput_cli("demo", "--devices", too_many, "--output-dir", tmp_path / "run", cwd=tmp_path,
+                                 timeout=120)
+    assert result.returncode == 2 and result.stdout == "" and not (tmp_path / "run").exists()
+    assert result.stderr == (f"nemo-throughput demo: --devices {too_many}: at most {too_many - 1} gloo ranks here "
+                             f"(4 per CPU, {os.cpu_count()} CPUs): each rank is a process of its own\n")
+
+
 def test_demo_refuses_an_output_dir_under_a_file_or_holding_an_earlier_run(tmp_path):
     (tmp_path / "a-file").write_text("")
     earlier = tmp_path / "earlier"

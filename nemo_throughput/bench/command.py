@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nemo_throughput.bench.render import render
 from nemo_throughput.bench.trials import DEFAULT_CONDITIONS, DEVICES, SIZES, parse_conditions, run_bench
+from nemo_throughput.distributed import check_cpu_ranks
 from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
 from nemo_throughput.text import printable
 from nemo_throughput.window import SYNTAX, Window
@@ -65,11 +66,11 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run_log_step_command(args: argparse.Namespace) -> int:
     """``--ranks``: the log-step bench (nemo_throughput.bench.log_step) instead of the trials."""
-    from nemo_throughput.bench.log_step import check_rank_counts, parse_counts, render_log_step, run_log_step_bench
+    from nemo_throughput.bench.log_step import parse_counts, render_log_step, run_log_step_bench
 
     try:
         ranks = parse_counts("--ranks", args.ranks, "2,4,8")
-        check_rank_counts(ranks)
+        check_cpu_ranks("--ranks", ranks[-1])
         steps_done = parse_counts("--steps-done", args.steps_done, "100,1000,10000")
         if args.output:
             check_output_file(args.output, "--output")

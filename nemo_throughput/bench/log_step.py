@@ -31,9 +31,6 @@ LOG_EVERY_N_STEPS = 10
 SAMPLES = 30  # log steps timed at each point
 
 
-RANKS_PER_CPU = 4  # the docs' figures ran 8 ranks on 2 CPUs; each rank is a process that imports torch
-
-
 def parse_counts(option: str, text: str, example: str) -> tuple[int, ...]:
     """``--ranks 2,4,8``, ``--steps-done 100,1000``: whole numbers of at least 1, each once, in order."""
     try:
@@ -44,14 +41,6 @@ def parse_counts(option: str, text: str, example: str) -> tuple[int, ...]:
         raise ValueError(f"{option} {text!r}: each number must be at least 1 and given once")
     return tuple(sorted(counts))
 
-
-def check_rank_counts(ranks: tuple[int, ...]) -> None:
-    """Ranks this machine can start: each is a process, so 100000 would start that many (no figure comes
-    of it, and the machine runs out of memory first); more than a few per CPU measure the crowding."""
-    most = RANKS_PER_CPU * (os.cpu_count() or 1)
-    if ranks[-1] > most:
-        raise ValueError(f"--ranks {ranks[-1]}: at most {most} gloo ranks here ({RANKS_PER_CPU} per CPU, "
-                         f"{os.cpu_count()} CPUs): each rank is a process of its own")
 
 
 def run_log_step_bench(ranks: tuple[int, ...], steps_done: tuple[int, ...] = DEFAULT_STEPS_DONE,

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.distributed import check_cpu_ranks
 from nemo_throughput.outputs import OutputPathError, check_output_dir
 from nemo_throughput.redact import redact_argument
 from nemo_throughput.summary import outliers_text, read_summary
@@ -26,7 +27,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         description="Runs `python -m nemo_throughput.demo.train +callbacks=throughput` (2 gloo ranks by "
                     "default); extra arguments are passed on as Hydra overrides.",
     )
-    demo.add_argument("--devices", type=int, default=2, help="CPU processes (ranks), default 2")
+    demo.add_argument("--devices", type=int, default=2, help="CPU processes (ranks), default 2; at most 4 per CPU")
     demo.add_argument("--steps", type=int, default=40, help="optimizer steps, default 40")
     demo.add_argument("--output-dir", type=Path, default=None,
                       help="where the summary goes (default ./nemo_throughput_runs/demo-<time>)")
@@ -48,6 +49,11 @@ OPTION_FOR_KEY = {
 def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[str]) -> int:
     if devices < 1 or steps < 1:
         print("nemo-throughput demo: --devices and --steps must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        check_cpu_ranks("--devices", devices)
+    except ValueError as error:
+        print(f"nemo-throughput demo: {error}", file=sys.stderr)
         return 2
     if output_dir is None:
         output_dir = Path("nemo_throughput_runs") / f"demo-{dt.datetime.now():%Y%m%d-%H%M%S}"
