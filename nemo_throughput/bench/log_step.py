@@ -42,7 +42,6 @@ def parse_counts(option: str, text: str, example: str) -> tuple[int, ...]:
     return tuple(sorted(counts))
 
 
-
 def run_log_step_bench(ranks: tuple[int, ...], steps_done: tuple[int, ...] = DEFAULT_STEPS_DONE,
                        samples: int = SAMPLES, step_pause_s: float = 0.002, progress: Any = print) -> dict[str, Any]:
     import torch.multiprocessing as mp
