@@ -199,13 +199,29 @@ def test_a_summary_given_twice_counts_once(tmp_path, capsys):
     assert code == 0 and json.loads(out)["groups"][0]["runs"] == 1
 
 
-@pytest.mark.parametrize("tokens", ["nan", "inf", "0", "-5", "many"])
+@pytest.mark.parametrize("tokens", ["nan", "inf", "0", "-5", "many", "T", "0T", "infB", "1.5X", ""])
 def test_the_token_budget_must_be_positive_and_finite(tmp_path, capsys, tokens):
     good_run(tmp_path, "a")
     with pytest.raises(SystemExit) as caught:
         main(["report", str(tmp_path), "--tokens", tokens])
     assert caught.value.code == 2
-    assert "--tokens: must be a positive number of tokens, e.g. 1e12" in capsys.readouterr().err
+    assert "--tokens: must be a positive number of tokens, e.g. 1e12 or 15T" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("tokens", "meant"), [("15T", 15e12), ("300b", 300e9), (" 2.5M ", 2.5e6), ("1e12", 1e12)])
+def test_a_token_budget_is_read_in_its_own_words(tmp_path, capsys, tokens, meant):
+    good_run(tmp_path, "a")
+    code, out, _ = report(tmp_path, "--tokens", tokens, "--format", "json", capsys=capsys)
+    assert code == 0 and json.loads(out)["tokens"] == meant
+
+
+@pytest.mark.parametrize("tokens", ["15", "999999", "0.5K"])
+def test_a_budget_no_run_trains_on_is_a_missing_unit(tmp_path, capsys, tokens):
+    good_run(tmp_path, "a")
+    with pytest.raises(SystemExit) as caught:
+        main(["report", str(tmp_path), "--tokens", tokens])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and f"--tokens: {tokens} tokens is no training budget" in err
 
 
 # ------------------------------------------------------------------------ where the output goes

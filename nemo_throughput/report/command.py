@@ -48,7 +48,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     report.set_defaults(handler=run_report)
     report.add_argument("summaries", nargs="+", help="summary.json files or directories holding them")
     report.add_argument("--baseline", help="label the others are compared with, e.g. bare-metal")
-    report.add_argument("--tokens", type=token_budget, default=1e12, help="token budget for time to train (1e12)")
+    report.add_argument("--tokens", type=token_budget, default=1e12,
+                        help="token budget for time to train: a number, or one with K, M, B or T, e.g. 1e12 or 15T "
+                             "(default 1e12)")
     report.add_argument("--format", choices=("table", "markdown", "csv", "json"), default="table")
     report.add_argument("--output", type=Path, help="write the table (or markdown, CSV, JSON) to this file instead "
                                                     "of stdout; its directory must exist")
@@ -63,13 +65,25 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                                          "times: imported runs, or steps.jsonl beside the summary)")
 
 
+# The budgets' own words: "15T tokens", "300B". Decimal, as token counts are given.
+TOKEN_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+FEWEST_BUDGET_TOKENS = 1e6  # fewer is no training run's budget: a suffix left out (15 for 15T)
+
+
 def token_budget(text: str) -> float:
+    """--tokens: a number, or one with K, M, B or T (15T = 1.5e13); at least FEWEST_BUDGET_TOKENS."""
+    number, scale = text.strip(), 1.0
+    if number[-1:].upper() in TOKEN_SUFFIXES:
+        number, scale = number[:-1], TOKEN_SUFFIXES[number[-1].upper()]
     try:
-        tokens = float(text)
+        tokens = float(number) * scale
     except ValueError:
         tokens = math.nan
     if not (math.isfinite(tokens) and tokens > 0):
-        raise argparse.ArgumentTypeError("must be a positive number of tokens, e.g. 1e12")
+        raise argparse.ArgumentTypeError("must be a positive number of tokens, e.g. 1e12 or 15T")
+    if tokens < FEWEST_BUDGET_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text} tokens is no training budget (at least {FEWEST_BUDGET_TOKENS:.0e}); "
+                                         f"give the unit, e.g. {text}T for {tokens * 1e12:.3g} tokens")
     return tokens
 
 
