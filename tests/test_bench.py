@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import nemo_throughput_cli
+from nemo_throughput.bench.render import render
 from nemo_throughput.bench.stats import Condition, paired_overhead_pct
 from nemo_throughput.bench.trials import SIZES, _model_cfg, clock_steps, default_window, resolve_device
 from nemo_throughput.window import Window
@@ -76,14 +77,27 @@ def test_bench_reports_every_field_for_every_condition(tmp_path):
 @pytest.mark.slow
 def test_bench_table_counting_the_window_from_the_end_with_the_diagnostic_conditions(tmp_path):
     result = bench("--steps", "12", "--window", "-10:", "--rounds", "1", "--device", "cpu", "--micro-batch-size", "2",
-                   "--conditions", "no-callback,nemo-throughput,nemo-throughput-slow-nvml,nemo-throughput-idle-gpu",
-                   cwd=tmp_path)
+                   "--conditions", "no-callback,empty-callback,nemo-throughput,nemo-throughput-slow-nvml,"
+                   "nemo-throughput-idle-gpu,step-timer-only", "--format", "json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "nemo-throughput" in result.stdout and "overhead" in result.stdout and "95% CI" in result.stdout
-    assert "micro-batch 2" in result.stdout and "window -10: (steps 3-12 timed)" in result.stdout
+    report = json.loads(result.stdout)
+    table = render(report)
+    assert "nemo-throughput" in table and "overhead" in table and "95% CI" in table
+    assert "micro-batch 2" in table and "window -10: (steps 3-12 timed)" in table
     # the diagnostics run only when named: the slow NVML's log step beside the plain one's; no GPU to idle
-    assert "nemo-throughput-idle-gpu   skipped: a CUDA diagnostic (the GPU idle before each hook)" in result.stdout
-    assert "nemo-throughput's log step with a 5 ms NVML energy read = " in result.stdout
+    assert "nemo-throughput-idle-gpu   skipped: a CUDA diagnostic (the GPU idle before each hook)" in table
+    assert "nemo-throughput's log step with a 5 ms NVML energy read = " in table
+    # the step timer alone, between the floor and ours: its ordinary and log steps apart, as ours are
+    conditions = {c["name"]: c for c in report["conditions"]}
+    timer, ours, floor = (conditions[name] for name in ("step-timer-only", "nemo-throughput", "empty-callback"))
+    assert timer["hook_us_per_non_log_step"] > 0 and timer["hook_us_per_log_step"] > 0
+    assert timer["measured_step_time_s"] is None  # it reports nothing
+    ratios = report["ratios"]
+    assert ratios["non_log_step_above_step_timer_only_us"] == pytest.approx(
+        ours["hook_us_per_non_log_step"] - timer["hook_us_per_non_log_step"])
+    assert ratios["step_timer_only_above_empty_callback_us"] == pytest.approx(
+        timer["hook_us_per_non_log_step"] - floor["hook_us_per_non_log_step"])
+    assert "µs above step-timer-only's" in table and "step-timer-only's non-log step = " in table
 
 
 def test_the_window_is_report_s_syntax_and_what_cannot_be_timed_is_refused(tmp_path):
@@ -131,7 +145,8 @@ def test_an_unknown_condition_is_one_line_naming_the_known_ones_before_any_train
     assert typo.stderr.strip().splitlines() == [
         "nemo-throughput bench: unknown condition(s) ['nemo-throughput-debgu'] in --conditions; choose from "
         "no-callback, empty-callback, nemo-throughput, nemo-throughput-debug, nemo-throughput-prometheus, "
-        "nemo-throughput-slow-nvml, nemo-throughput-idle-gpu, lightning-throughput-monitor, nemo-timing-callback"]
+        "nemo-throughput-slow-nvml, nemo-throughput-idle-gpu, step-timer-only, lightning-throughput-monitor, "
+        "nemo-timing-callback"]
     twice = bench("--conditions", "no-callback,no-callback", "--steps", "4", "--device", "cpu", cwd=tmp_path)
     assert twice.returncode == 2 and "names a condition twice" in twice.stderr
 

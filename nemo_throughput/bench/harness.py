@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from nemo_throughput.bench.syncs import SyncCounter
+from nemo_throughput.timing import BACKWARD, OPTIMIZER, START, StepTimer, clock_for
 
 
 class WindowClock:
@@ -71,6 +72,37 @@ class EmptyHooks:
 
     def on_train_batch_end(self, *args: Any) -> None:
         pass
+
+
+class StepTimerOnly:
+    """Our step timer alone in the four hooks (timing.StepTimer on the run's clock), its steps collected
+    every ``log_every`` steps as a log step collects them (the bench's step-timer-only): the timing's own
+    cost, apart from the rest of an ordinary step's work (the goodput ledger, the batch checks, the
+    step's number, the calls between the hooks and the timer)."""
+
+    def __init__(self, log_every: int) -> None:
+        self.log_every = log_every
+        self._timer: StepTimer | None = None
+        self._steps = 0
+
+    def on_train_start(self, trainer: Any, *args: Any) -> None:
+        self._timer = StepTimer(clock_for(trainer.strategy.root_device))
+        self._timer.anchor()
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self._timer.mark(START)
+
+    def on_before_backward(self, *args: Any) -> None:
+        self._timer.mark(BACKWARD)
+
+    def on_before_optimizer_step(self, *args: Any) -> None:
+        self._timer.mark(OPTIMIZER)
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self._steps += 1
+        self._timer.end_step(self._steps)
+        if self._steps % self.log_every == 0:
+            self._timer.collect(self._steps - 1)  # as a log step: the steps before this one
 
 
 class TimedHooks:

@@ -45,7 +45,8 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
         "of the mean per-round overhead (rounds pair up: each runs every condition once); measured: the step time",
         "the tool itself reported for the window; error: measured vs true; hooks/step: host time in the tool's",
         "hooks per step (log steps included) and its share of the step; non-log / log step: nemo-throughput's, on",
-        "each kind of step (empty-callback's non-log: the floor, four hooks that do nothing); syncs/step:",
+        "each kind of step (empty-callback's non-log: the floor, four hooks that do nothing; step-timer-only's:",
+        "the step timer alone in the four hooks, without the rest of an ordinary step's work); syncs/step:",
         "host-device synchronizations in a whole step, and in the tool's own hooks (CUDA only: one extra",
         "untimed trial per condition).",
     ]
@@ -63,6 +64,8 @@ RATIO_TEXTS = (  # the bench's ratios and differences (bench.stats.ratios), as t
      "nemo-throughput's non-log step with the Prometheus endpoint = {:.2f} x without"),
     ("slow_nvml_log_step_vs_log_step", "nemo-throughput's log step with a 5 ms NVML energy read = {:.2f} x with none"),
     ("non_log_step_above_empty_callback_us", "nemo-throughput's non-log step = {:.1f} µs above empty-callback's"),
+    ("non_log_step_above_step_timer_only_us", "{:.1f} µs above step-timer-only's"),
+    ("step_timer_only_above_empty_callback_us", "step-timer-only's non-log step = {:.1f} µs above empty-callback's"),
 )
 
 

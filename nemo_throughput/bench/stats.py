@@ -72,9 +72,9 @@ class Condition:
 def ratios(results: dict[str, Condition]) -> dict[str, float | None]:
     """Side by side in this run: our host time per step against ThroughputMonitor's, our log step's
     against our ordinary step's, our ordinary step's with the Prometheus endpoint on against it
-    without, and our log step's with a 5 ms NVML energy read against it with none; and, a difference
-    in µs, our ordinary step's host time above the floor, an empty callback's four hooks (None where
-    a condition did not run)."""
+    without, and our log step's with a 5 ms NVML energy read against it with none; and, differences
+    in µs, our ordinary step's host time above the floor (an empty callback's four hooks) and above
+    our step timer's alone, and the timer's above the floor (None where a condition did not run)."""
     def median(name: str, attribute: str) -> float | None:
         values = getattr(results[name], attribute) if name in results else []
         return statistics.median(values) if values else None
@@ -84,9 +84,15 @@ def ratios(results: dict[str, Condition]) -> dict[str, float | None]:
     live = median("nemo-throughput-prometheus", "hook_us_non_log")
     slow_nvml = median("nemo-throughput-slow-nvml", "hook_us_log")
     floor = median("empty-callback", "hook_us_non_log")
+    timer = median("step-timer-only", "hook_us_non_log")
     return {"hooks_per_step_vs_throughput_monitor": ours / monitor if ours is not None and monitor else None,
             "log_step_vs_non_log_step": log_step / non_log if log_step is not None and non_log else None,
             "prometheus_non_log_step_vs_non_log_step": live / non_log if live is not None and non_log else None,
             "slow_nvml_log_step_vs_log_step": slow_nvml / log_step if slow_nvml is not None and log_step else None,
-            "non_log_step_above_empty_callback_us": non_log - floor if non_log is not None and floor is not None
-            else None}
+            "non_log_step_above_empty_callback_us": _difference(non_log, floor),
+            "non_log_step_above_step_timer_only_us": _difference(non_log, timer),
+            "step_timer_only_above_empty_callback_us": _difference(timer, floor)}
+
+
+def _difference(first: float | None, second: float | None) -> float | None:
+    return first - second if first is not None and second is not None else None

@@ -14,7 +14,15 @@ import tempfile
 import warnings
 from typing import Any
 
-from nemo_throughput.bench.harness import EmptyHooks, MeasuredValues, StepSyncs, TimedHooks, WindowClock, collector
+from nemo_throughput.bench.harness import (
+    EmptyHooks,
+    MeasuredValues,
+    StepSyncs,
+    StepTimerOnly,
+    TimedHooks,
+    WindowClock,
+    collector,
+)
 from nemo_throughput.bench.stats import Condition, ratios
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.megatron_config import padded_vocab_size
@@ -37,9 +45,10 @@ SIZES = {
                       encoder_seq_length=2048, micro_batch_size=2, vocab_size=50257),
 }
 CONDITIONS = ("no-callback", "empty-callback", "nemo-throughput", "nemo-throughput-debug", "nemo-throughput-prometheus",
-              "nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu", "lightning-throughput-monitor",
+              "nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu", "step-timer-only", "lightning-throughput-monitor",
               "nemo-timing-callback")
-DIAGNOSTICS = ("nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu")  # run only when named (--conditions)
+# run only when named (--conditions)
+DIAGNOSTICS = ("nemo-throughput-slow-nvml", "nemo-throughput-idle-gpu", "step-timer-only")
 DEFAULT_CONDITIONS = tuple(name for name in CONDITIONS if name not in DIAGNOSTICS)
 DEVICES = ("auto", "cpu", "cuda")
 LOG_EVERY_N_STEPS = 10  # nemo-throughput's setting in the bench (its default)
@@ -206,6 +215,8 @@ def _tool(name: str, pl: Any, model: Any, cfg: Any, spec: ModelSpec, first: int,
                                   log_every_n_steps=1 if debug else LOG_EVERY_N_STEPS, prometheus=prometheus)
     if name == "empty-callback":
         return type("EmptyCallback", (EmptyHooks, pl.Callback), {})()
+    if name == "step-timer-only":
+        return type("StepTimerOnly", (StepTimerOnly, pl.Callback), {})(LOG_EVERY_N_STEPS)
     if name == "lightning-throughput-monitor":
         model.flops_per_batch = cfg.micro_batch_size * model_flops_per_sample(spec)  # the same model's FLOPs
         return pl.callbacks.ThroughputMonitor(batch_size_fn=lambda batch: batch.shape[0],
@@ -219,16 +230,21 @@ def _tool(name: str, pl: Any, model: Any, cfg: Any, spec: ModelSpec, first: int,
 
 
 def _record_hooks(name: str, record: Condition, timed: TimedHooks | None, window_steps: range, ours: Any) -> None:
-    """Host time in the tool's hooks per step of the window; ours also split into log and other steps."""
+    """Host time in the tool's hooks per step of the window; ours and the step timer's also split into
+    log and other steps."""
     if timed is None:
         return
     per_step_us = [timed.ns_by_step.get(s, 0) / 1e3 for s in window_steps]
     record.hook_us_mean.append(statistics.fmean(per_step_us))
-    if ours is None:
+    log_every = None  # steps: a tool with log steps splits its time into log and ordinary steps
+    if ours is not None:
+        log_every = ours.config.log_every_n_steps
+    elif name == "step-timer-only":
+        log_every = timed.callback.log_every
+    if log_every is None:
         if name == "empty-callback":  # the floor: every step is an ordinary one
             record.hook_us_non_log.append(statistics.median(per_step_us))
         return
-    log_every = ours.config.log_every_n_steps
     non_log = [us for s, us in zip(window_steps, per_step_us, strict=True) if s % log_every]
     log = [us for s, us in zip(window_steps, per_step_us, strict=True) if not s % log_every]
     if non_log:
