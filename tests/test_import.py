@@ -375,16 +375,17 @@ def test_a_log_that_states_no_batch_needs_it_given(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------- bad step times
 def test_bad_step_times_are_left_out_and_counted(tmp_path, capsys):
-    times = ["1.5", "nan", "1.5", "inf", "0", "-1.5", "1.5", "2.5"]
+    times = ["1.5", "nan", "1.5", "inf", "0", "-1.5", "1.5", "2.5", "1e30"]  # 1e30: no run's, a corrupt value
     log = tmp_path / "nemo2.log"
     log.write_text("".join(f"Training epoch 0, iteration {s}/99 | global_batch_size: 8 | global_step: {s} | "
                            f"train_step_timing in s: {t}\n" for s, t in enumerate(times)))
     code, _, err = run_import(capsys, log, "--warmup", "0", "--global-batch-size", "8", out=tmp_path / "out")
     assert code == 0, err
-    assert "warning: 4 step time(s) left out, not positive finite numbers: 2 (nan s), 4 (inf s), 5 (0 s), 6 (-1.5 s)" \
-        in err
+    assert ("warning: 5 step time(s) left out, zero, negative, NaN, infinite or over a day: 2 (nan s), 4 (inf s), "
+            "5 (0 s), 6 (-1.5 s), 9 (1e+30 s)") in err
     timing = summary_of(tmp_path / "out", "nemo2")["timing"]
-    assert timing["excluded_step_times"] == {"count": 4, "steps": [[2, "nan"], [4, "inf"], [5, "0.0"], [6, "-1.5"]]}
+    assert timing["excluded_step_times"] == {"count": 5, "steps": [[2, "nan"], [4, "inf"], [5, "0.0"], [6, "-1.5"],
+                                                                  [9, "1e+30"]]}
     assert timing["steps_measured"] == 4 and timing["step_time_s"]["mean"] == pytest.approx(7 / 4)
 
 

@@ -8,12 +8,12 @@ apart; one rank is read (the lowest that prints step lines, or the one asked for
 
 Steps are numbered from 1 as in the callback's summaries (NeMo's 0-based global step + 1,
 Megatron's iteration). A value a log prints as the mean of a logging interval counts as one
-sample at its step. Step times that are not positive finite numbers are left out and counted.
+sample at its step. Step times that are not positive finite numbers, or longer than any step
+(MAX_STEP_SECONDS: a corrupt value, 1e30), are left out and counted.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -40,6 +40,8 @@ TEXT_FORMATS: dict[str, ModuleType] = {nemo.NAME: nemo, megatron.NAME: megatron}
 FORMATS = (*TEXT_FORMATS, tensorboard.NAME, "mlperf")  # mlperf: importers.mlperf, its own command path
 NEMO_TAG = nemo.TAG
 MAX_LISTED = 20  # steps named in messages and in timing.excluded_step_times
+MAX_STEP_SECONDS = 86_400.0  # a step of over a day is no run's (a collective times out in minutes): a corrupt value
+UNUSABLE_TIMES = "zero, negative, NaN, infinite or over a day"
 
 
 @dataclass
@@ -141,7 +143,7 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         network_section = _network(path, read, num_nodes)
     valid, bad = _split_bad_times(read.steps.steps)
     if not valid:
-        raise ReportError(f"{path}: no step has a usable time: all {len(bad)} are zero, negative, NaN or infinite "
+        raise ReportError(f"{path}: no step has a usable time: all {len(bad)} are {UNUSABLE_TIMES} "
                           "(check the log)")
     start_step = valid[0].step - 1  # the warm-up is the log's first steps, wherever it starts
     stats = RunStats(world_size=1, warmup_steps=0 if window else warmup_steps, start_step=start_step)
@@ -217,7 +219,7 @@ def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
                      "lines (rank 0, the same time rounded to 10 ms, TFLOP/s by Bridge's own FLOPs) are not read")
     if bad:
         listed = ", ".join(f"{s.step} ({s.seconds:g} s)" for s in bad[:MAX_LISTED])
-        notes.append(f"warning: {len(bad)} step time(s) left out, not positive finite numbers: {listed}"
+        notes.append(f"warning: {len(bad)} step time(s) left out, {UNUSABLE_TIMES}: {listed}"
                      + (" ..." if len(bad) > MAX_LISTED else ""))
     return notes
 
@@ -338,8 +340,11 @@ def _choose_rank(path: Path, labels: list[str | None], wanted: str | None) -> st
 
 
 def _split_bad_times(steps: list[Step]) -> tuple[list[Step], list[Step]]:
-    valid = [s for s in steps if math.isfinite(s.seconds) and s.seconds > 0]
-    bad = [s for s in steps if not (math.isfinite(s.seconds) and s.seconds > 0)]
+    """(usable, left out): a usable time is a positive number of seconds up to MAX_STEP_SECONDS."""
+    valid: list[Step] = []
+    bad: list[Step] = []
+    for step in steps:
+        (valid if 0 < step.seconds <= MAX_STEP_SECONDS else bad).append(step)  # NaN compares false: bad
     return valid, bad
 
 
