@@ -2,9 +2,10 @@
 
 Each log format is a small module behind the registry below: ``nemo`` (NeMo 1.x progress bar and
 NeMo 2 progress printer), ``megatron`` (Megatron-LM and Megatron-Bridge iteration lines) and
-``tensorboard`` (event files with NeMo's ``train_step_timing in s`` scalar). Text logs go
-through :mod:`~nemo_throughput.importers.lines`, which strips launcher prefixes and tells ranks
-apart; one rank is read (the lowest that prints step lines, or the one asked for).
+``tensorboard`` (event files with NeMo's ``train_step_timing in s`` scalar or Megatron's
+``iteration-time``). Text logs go through :mod:`~nemo_throughput.importers.lines`, which strips
+launcher prefixes and tells ranks apart; one rank is read (the lowest that prints step lines, or
+the one asked for).
 
 Steps are numbered from 1 as in the callback's summaries (NeMo's 0-based global step + 1,
 Megatron's iteration). A value a log prints as the mean of a logging interval counts as one
@@ -55,6 +56,8 @@ class ReadLog:
     styles: set[str] = field(default_factory=set)
     cut_line: tuple[int, str] | None = None  # the last step line and why it looks cut: not read
     no_value_lines: list[int] = field(default_factory=list)  # step lines without a value of their own (Primus)
+    interval_means: bool = False  # each time is the mean of the log interval up to its step (Megatron's)
+    batch_origin: str = ""  # where the log states the batch, for messages
 
     @property
     def rank_note(self) -> str | None:
@@ -90,7 +93,9 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
     if fmt == tensorboard.NAME:
         if rank is not None:
             raise ReportError(f"{path}: --rank applies to text logs; TensorBoard event files hold one rank's values")
-        return ReadLog(fmt, tensorboard.read_steps(path), styles={"TensorBoard scalar"})
+        events = tensorboard.read_steps(path)
+        return ReadLog(fmt, events.log, styles={events.writer.style}, interval_means=events.writer.interval_means,
+                       batch_origin=events.writer.batch_origin)
     if path.is_dir():
         raise ReportError(f"{path}: a directory without TensorBoard event files (give the log file itself)")
     check_text(path)
@@ -123,7 +128,8 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
         raise ReportError(_no_steps_message(path, fmt))
     styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
     cut_line = (last.number, cut) if cut is not None else None
-    return ReadLog(fmt, reader.log, chosen, labels, styles, cut_line, getattr(reader, "no_value_lines", []))
+    return ReadLog(fmt, reader.log, chosen, labels, styles, cut_line, getattr(reader, "no_value_lines", []),
+                   interval_means=fmt == megatron.NAME, batch_origin=module.BATCH_ORIGIN)
 
 
 def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | None, seq_length: int,
@@ -214,6 +220,10 @@ def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
                                                                            else "")
         notes.append(f"warning: {len(read.no_value_lines)} step line(s) print no `{megatron.TAG}` of their own, only "
                      f"Primus' running average after a `/` (line {listed}): left out, the average is never read")
+    if read.interval_means and read.fmt == tensorboard.NAME:
+        notes.append(f"step times from Megatron's `{tensorboard.MEGATRON.time_tag}` scalar: each the mean of the "
+                     f"{_log_interval(read.steps.steps)} iterations of its log interval up to its step, counted as one "
+                     "sample (as the text log's `elapsed time per iteration (ms)`)")
     if megatron.BRIDGE_STYLE in read.styles:
         notes.append("Megatron-Bridge log: step times from its iteration lines; its `Step Time : ... TFLOP/s/GPU` "
                      "lines (rank 0, the same time rounded to 10 ms, TFLOP/s by Bridge's own FLOPs) are not read")
@@ -245,7 +255,7 @@ def _window_notes(read: ReadLog, valid: list[Step], measured: list[Step], window
     """Megatron prints each time as the mean of the `log_interval` iterations up to it: a window
     cannot measure anything finer than those intervals."""
     interval = _log_interval(valid)
-    if window is None or read.fmt != megatron.NAME or interval <= 1:
+    if window is None or not read.interval_means or interval <= 1:
         return []
     covered = f"iterations {max(1, measured[0].step - interval + 1)}-{measured[-1].step}"
     if window.start is not None and window.start < 0:  # -N: and last select printed values, not steps
@@ -266,7 +276,7 @@ def _window_notes(read: ReadLog, valid: list[Step], measured: list[Step], window
 def _spacing_notes(read: ReadLog, measured: list[Step]) -> list[str]:
     """Megatron prints every log interval: counted iterations printed unevenly apart mean lines are
     missing (a trimmed or filtered log), and each printed time still counts as one sample."""
-    if read.fmt != megatron.NAME:
+    if not read.interval_means:
         return []
     printed = [s.step for s in read.steps.steps if measured[0].step <= s.step <= measured[-1].step]
     gaps = sorted({b - a for a, b in zip(printed, printed[1:], strict=False)})
@@ -361,9 +371,8 @@ def _global_batch_size(path: Path, read: ReadLog, measured: list[Step], given: i
             f"steps after it (e.g. --window {final.step}:)")
     if values and given is not None and values[0] != given:
         where = f"step {stated[0].step}" if read.fmt == tensorboard.NAME else f"line {stated[0].line}"
-        origin = {**TEXT_FORMATS, tensorboard.NAME: tensorboard}[read.fmt].BATCH_ORIGIN
         raise ReportError(f"{path}: --global-batch-size {given} but the log says {values[0]} ({where}, from "
-                          f"{origin}) (leave out --global-batch-size or correct it)")
+                          f"{read.batch_origin}) (leave out --global-batch-size or correct it)")
     if values:
         return values[0]
     if given is None:

@@ -1,5 +1,23 @@
-"""TensorBoard event files of NeMo runs: the ``train_step_timing in s`` scalar, and the
-``global_batch_size`` one NeMo logs (NeMo 2 at every step, NeMo 1.x during a batch-size ramp).
+"""TensorBoard event files of NeMo and Megatron runs: the step-time scalar and the batch-size
+scalar each writes, told apart by the step-time scalar's tag.
+
+- NeMo: ``train_step_timing in s``, each step's own time, at NeMo's 0-based global step; and
+  ``global_batch_size`` (NeMo 2 at every step, NeMo 1.x during a batch-size ramp).
+- Megatron-LM and Megatron-Bridge: ``training_log`` (Megatron-LM ``megatron/training/training.py``
+  since 3a26a168, January 2021, to d98e8a64; Bridge ``src/megatron/bridge/training/utils/
+  train_utils.py``, v0.2.0 to 067f987d) writes, from the last rank, ``iteration-time`` every
+  ``--log-interval`` iterations at the iteration number (from 1): seconds, the mean over the
+  iterations since the last log, the text log's ``elapsed time per iteration (ms)`` in seconds;
+  only with ``--log-timers-to-tensorboard`` (Bridge: ``logger.log_timers_to_tensorboard``).
+  Each value counts as one sample at its iteration, as the text log's. ``batch-size``, the
+  global batch of that iteration, is written every ``--tensorboard-log-interval`` iterations
+  (Megatron-LM before core 0.9 only with ``--log-batch-size-to-tensorboard``). Not read:
+  ``batch-size vs samples`` and the other ``... vs samples`` scalars (their step is the
+  consumed samples); the throughput scalars (``throughput``, Bridge's ``throughput/tflops`` by
+  its own FLOPs, ``throughput/samples_per_sec``, a rolling mean of the configured batch).
+
+No writer logs both step-time scalars: event files with both are two runs', refused rather
+than one picked.
 
 An event file is a sequence of TFRecords: uint64 length, uint32 masked CRC-32C of the length,
 the data, uint32 masked CRC-32C of the data (little-endian). Every header's checksum is
@@ -12,6 +30,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -20,11 +39,50 @@ from nemo_throughput.importers.lines import input_size, open_input
 from nemo_throughput.importers.steps import Step, StepLog
 
 NAME = "tensorboard"
-TAG = "train_step_timing in s"
-BATCH_TAG = "global_batch_size"
-BATCH_ORIGIN = f"the `{BATCH_TAG}` scalar"
-MAX_RECORD_BYTES = 64 << 20  # scalars take bytes; a larger record is not one of NeMo's
+MAX_RECORD_BYTES = 64 << 20  # scalars take bytes; a larger record is not a training run's
 CHECKED_DATA_RECORDS = 8  # data checksums verified on the first records (pure Python CRC is slow)
+
+
+@dataclass(frozen=True)
+class Writer:
+    """What wrote an event file, told by its step-time scalar, and how its scalars read."""
+
+    time_tag: str
+    batch_tag: str
+    step_offset: int  # added to an event's step to number steps from 1
+    interval_means: bool  # each time is the mean of the log interval up to its step
+    style: str  # environment.log_styles
+
+    @property
+    def batch_origin(self) -> str:
+        return f"the `{self.batch_tag}` scalar"
+
+
+NEMO = Writer("train_step_timing in s", "global_batch_size", 1, False, "TensorBoard scalar")
+MEGATRON = Writer("iteration-time", "batch-size", 0, True,
+                  "TensorBoard `iteration-time` scalar of Megatron-LM / Megatron-Bridge (the mean of each log "
+                  "interval)")
+WRITERS = (NEMO, MEGATRON)
+# written by Megatron's training_log by default: tells a Megatron event file without its step times
+MEGATRON_SIGNS = ("learning-rate", "loss-scale", "lm loss", "batch-size")
+TIMING_FLAG = "--log-timers-to-tensorboard or Megatron-Bridge's logger.log_timers_to_tensorboard=True"
+RESUMED = ("the run restarted from a checkpoint and logged its steps again: import each event file, or each "
+           "segment's directory, on its own")
+
+
+@dataclass(frozen=True)
+class EventSteps:
+    log: StepLog
+    writer: Writer
+
+
+@dataclass
+class _FileScalars:
+    """One event file's step times per writer, each as (event step, seconds, batch at that step or None)."""
+
+    file: Path
+    timed: dict[Writer, list[tuple[int, float, int | None]]]
+    megatron_signs: bool
 
 
 def is_event_file(path: Path) -> bool:
@@ -41,28 +99,62 @@ def event_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.rglob("*tfevents*") if p.is_file()) if path.is_dir() else [path]
     if not files:
         raise ReportError(f"{path}: no TensorBoard event files (*tfevents*) in it (give a log file, or the "
-                          "directory TensorBoardLogger wrote)")
+                          "directory TensorBoardLogger or Megatron's --tensorboard-dir wrote)")
     return files
 
 
-def read_steps(path: Path) -> StepLog:
-    """The step times (step, seconds) from an event file or a directory of them, steps from 1, each
-    with the batch its step logged (None where it logged none, or not a whole positive number)."""
-    log = StepLog(path, place="value", split="the run restarted from a checkpoint and logged its steps again: "
-                  "import each event file, or each segment's directory, on its own")
-    for file in event_files(path):
-        times, batches = [], {}
-        for tag, step, value in _scalars(file, (TAG, BATCH_TAG)):
-            if tag == TAG:
-                times.append((step, value))
-            else:
-                batches[step] = int(value) if math.isfinite(value) and value >= 1 and value.is_integer() else None
-        for step, value in times:  # `line`: the value's place among all files' step times
-            log.add(Step(step + 1, value, batches.get(step), len(log.steps) + 1))
-    if not log.steps:
-        raise ReportError(f"{path}: no `{TAG}` scalar in its event files (give the event files of a NeMo training "
-                          "run, whose timing callback logs it)")
-    return log
+def read_steps(path: Path) -> EventSteps:
+    """The step times of an event file or a directory of them (files in name order, which is the
+    order they were written in), steps from 1, each with the batch logged at its step (None where
+    none was, or not a whole positive number)."""
+    read = [_file_scalars(file) for file in event_files(path)]
+    writer = _writer(path, read)
+    log = StepLog(path, place="value", split=RESUMED)
+    for scalars in read:
+        for step, seconds, batch in scalars.timed[writer]:  # `line`: the value's place among all files' times
+            log.add(Step(step + writer.step_offset, seconds, batch, len(log.steps) + 1))
+    return EventSteps(log, writer)
+
+
+def _file_scalars(file: Path) -> _FileScalars:
+    times: dict[Writer, list[tuple[int, float]]] = {writer: [] for writer in WRITERS}
+    batches: dict[Writer, dict[int, int | None]] = {writer: {} for writer in WRITERS}
+    by_time_tag = {writer.time_tag: writer for writer in WRITERS}
+    by_batch_tag = {writer.batch_tag: writer for writer in WRITERS}
+    signs = False
+    for tag, step, value in _scalars(file, (*by_time_tag, *by_batch_tag, *MEGATRON_SIGNS)):
+        signs = signs or tag in MEGATRON_SIGNS
+        if tag in by_time_tag:
+            times[by_time_tag[tag]].append((step, value))
+        elif tag in by_batch_tag:
+            batches[by_batch_tag[tag]][step] = _whole_batch(value)
+    timed = {writer: [(step, value, batches[writer].get(step)) for step, value in times[writer]] for writer in WRITERS}
+    return _FileScalars(file, timed, signs)
+
+
+def _whole_batch(value: float) -> int | None:
+    return int(value) if math.isfinite(value) and value >= 1 and value.is_integer() else None
+
+
+def _writer(path: Path, read: list[_FileScalars]) -> Writer:
+    """The one writer whose step times the files hold; refused where none or both do."""
+    found = {writer: next((r.file for r in read if r.timed[writer]), None) for writer in WRITERS}
+    if found[NEMO] and found[MEGATRON]:
+        raise ReportError(f"{path}: both NeMo's `{NEMO.time_tag}` scalar ({found[NEMO].name}) and Megatron's "
+                          f"`{MEGATRON.time_tag}` ({found[MEGATRON].name}): no run writes both (import each run's "
+                          "event files on their own)")
+    if found[MEGATRON]:
+        return MEGATRON
+    if found[NEMO]:
+        return NEMO
+    if any(r.megatron_signs for r in read):
+        raise ReportError(f"{path}: Megatron-LM / Megatron-Bridge event files without the `{MEGATRON.time_tag}` "
+                          f"scalar, which they write only with {TIMING_FLAG} (run with it, or import the job's text "
+                          "log with --format megatron)")
+    raise ReportError(f"{path}: no `{NEMO.time_tag}` scalar in its event files, nor Megatron's "
+                      f"`{MEGATRON.time_tag}` (give the event files of a NeMo training run, whose timing callback "
+                      f"logs the first, or of a Megatron-LM / Megatron-Bridge run with {TIMING_FLAG}, which writes "
+                      "the second)")
 
 
 def _scalars(file: Path, tags: tuple[str, ...]) -> Iterator[tuple[str, int, float]]:
