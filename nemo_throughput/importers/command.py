@@ -35,7 +35,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                     "its summary; a summary of another input or run is never replaced.")
     imports.set_defaults(handler=run_import)
     imports.add_argument("logs", nargs="+", type=Path, help="log files, event files or directories of them")
-    imports.add_argument("--format", choices=("auto", *FORMATS), default="auto")
+    imports.add_argument("--format", choices=("auto", *FORMATS), default="auto",
+                         help="auto: directories and event files (by name or first bytes) are tensorboard, a text "
+                              "log's format is told by its lines; tensorboard reads NeMo's train_step_timing scalar "
+                              "or Megatron-LM / Megatron-Bridge's iteration-time (written with "
+                              "--log-timers-to-tensorboard)")
     imports.add_argument("--label", help="run.label, e.g. bare-metal or kubernetes (required; with --format mlperf "
                                          "the default is the log's system name)")
     model = imports.add_mutually_exclusive_group()
