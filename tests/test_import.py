@@ -198,7 +198,7 @@ def test_several_ranks_without_prefixes_are_refused_not_merged(tmp_path, capsys)
     code, _, err = run_import(capsys, log, "--window", "last", out=tmp_path / "out")
     assert code == 2
     line = error_line(err, "noprefix.log")
-    assert "step 561 is printed twice with different values (line 1: 1 s, line 2: 1.001 s)" in line
+    assert "step 561 is printed again with different values (line 1: 1 s, line 2: 1.001 s)" in line
     assert "srun --label" in line
 
 
@@ -259,14 +259,19 @@ def test_nemo1_bar_that_does_not_fit_the_given_batch_is_refused(tmp_path, capsys
     assert code == 2 and "--global-batch-size 256 but the log says 128" in error_line(err, "job.out")
 
 
-def test_two_runs_in_one_log_are_refused(tmp_path, capsys):
+def test_two_runs_in_one_log_are_refused_until_one_is_chosen(tmp_path, capsys):
     first, second = tmp_path / "a.out", tmp_path / "b.out"
     megatron_bar_log(first, [1.0] * 20, 8)
     megatron_bar_log(second, [2.0] * 20, 8)  # the job restarted from scratch into the same file
     log = tmp_path / "requeued.out"
     log.write_text(first.read_text() + "\n" + second.read_text())
     code, _, err = run_import(capsys, log, out=tmp_path / "out")
-    assert code == 2 and "step 1 is printed twice with different values" in error_line(err, "requeued.out")
+    line = error_line(err, "requeued.out")
+    assert code == 2 and "1: steps 1-20, 20 printed, lines 4-23; 2: steps 1-20, 20 printed, lines 29-48, starting " \
+        "where step 1 is printed again with different values (line 4: 1 s, line 29: 2 s)" in line
+    code, _, err = run_import(capsys, log, "--segment", "2", out=tmp_path / "out")
+    assert code == 0, err
+    assert summary_of(tmp_path / "out", "requeued")["timing"]["steps"] == [[s, 2.0] for s in range(1, 21)]
 
 
 @pytest.mark.slow
@@ -751,8 +756,16 @@ def test_tensorboard_events_of_a_run_resumed_or_without_step_times_are_refused_s
         writer.close()
     code, _, err = run_import(capsys, tmp_path / "resumed", "--global-batch-size", "8", out=tmp_path / "out")
     assert code == 2
-    assert ("step 11 is printed twice with different values (value 11: 2 s, value 21: 3 s) (the run restarted from a "
-            "checkpoint and logged its steps again: import each event file") in error_line(err, "resumed")
+    assert ("2 segments, as a job restarted into the same log prints them: 1: steps 1-20, 20 printed, values 1-20; "
+            "2: steps 11-30, 20 printed, values 21-40, starting where step 11 is printed again with different values "
+            "(value 11: 2 s, value 21: 3 s) (import one with --segment N, from 1, or --segment last; or import each "
+            "event file on its own)") in error_line(err, "resumed")
+    code, _, err = run_import(capsys, tmp_path / "resumed", "--global-batch-size", "8", "--segment", "last",
+                              out=tmp_path / "out")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "out", "resumed")  # its own warm-up: steps 11-20 of the resumed run
+    assert summary["timing"]["steps"] == [[s, 3.0] for s in range(11, 31)] and summary["timing"]["window"] == "21:"
+    assert summary["environment"]["imported_segment"] == {"number": 2, "of": 2, "steps": [11, 30], "values": [21, 40]}
     writer = SummaryWriter(tmp_path / "loss-only")
     writer.add_scalar("reduced_train_loss", 2.5, 0)
     writer.close()

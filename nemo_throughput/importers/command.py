@@ -16,7 +16,7 @@ from nemo_throughput.config import check_batch_or_length, check_one_seq_length
 from nemo_throughput.errors import ReportError
 from nemo_throughput.flops import FORMULAS, ModelSpec
 from nemo_throughput.hardware import DTYPES
-from nemo_throughput.importers import DEFAULT_GPUS_PER_NODE, mlperf, notice
+from nemo_throughput.importers import DEFAULT_GPUS_PER_NODE, mlperf, notice, segments
 from nemo_throughput.importers.logs import FORMATS, Imported, import_run
 from nemo_throughput.outputs import check_output_dir, check_output_file, write_text_atomic
 from nemo_throughput.presets import PRESETS, preset
@@ -60,6 +60,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                                                            "names them); --num-gpus fills whole nodes of it")
     imports.add_argument("--rank", help="the rank to read where several print (srun --label / torchrun prefix "
                                         "number, e.g. 0 or 1/7; default: the lowest)")
+    imports.add_argument("--segment", help=segments.SEGMENT_HELP)
     imports.add_argument("--window", help="steps that count, e.g. 35:45, -10: or last (default: all after the "
                                           "--warmup steps)")
     imports.add_argument("--warmup", type=int, default=10, help="first steps of the log left out without --window "
@@ -130,6 +131,7 @@ def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
     _whole_nodes(args.num_gpus, args.gpus_per_node)
     spec, model_name = _model(args)
     window = Window.parse(args.window) if args.window else None
+    segment = segments.parse_choice(args.segment)
     names = output_names(args.logs)
     for log, name in zip(args.logs, names, strict=True):  # before any work; again before writing
         check_summary_target(_summary_path(args.output_dir, name), log, args.logs)
@@ -142,7 +144,7 @@ def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
             num_nodes=_whole_nodes(args.num_gpus, args.gpus_per_node), label=args.label, name=name, rank=args.rank,
             window=window, warmup_steps=args.warmup, gpu_name=args.gpu_name, dtype=args.dtype,
             peak=args.peak_tflops, flops_formula=args.flops_formula, flops_per_sample=args.flops_per_sample,
-            orchestrator=args.orchestrator)
+            orchestrator=args.orchestrator, segment=segment)
         written.append((_summary_path(args.output_dir, name), imported.summary,
                         functools.partial(_report, imported=imported, source=log)))
     return written
@@ -304,7 +306,7 @@ def _spec_from_json(text: str, seq_length: int) -> ModelSpec:
 
 # --format mlperf: options of the other formats that an MLPerf log answers itself, or that have no meaning for it.
 MLPERF_INAPPLICABLE = ("model", "model_spec", "flops_per_sample", "model_name", "global_batch_size", "seq_length",
-                       "rank", "window", "dtype", "peak_tflops")
+                       "rank", "segment", "window", "dtype", "peak_tflops")
 
 
 def refuse_inapplicable_to_mlperf(args: argparse.Namespace) -> None:

@@ -27,9 +27,10 @@ from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import resolve_peak
-from nemo_throughput.importers import megatron, nemo, tensorboard
+from nemo_throughput.importers import megatron, nemo, segments, tensorboard
 from nemo_throughput.importers.lines import check_text, cut_reason, read_lines, read_once
-from nemo_throughput.importers.steps import Step, StepLog
+from nemo_throughput.importers.segments import ChosenSegment
+from nemo_throughput.importers.steps import Step
 from nemo_throughput.run_facts import USER_FLOPS, RunFacts, mfu_above_peak_warning
 from nemo_throughput.run_stats import RunStats, rank_rows
 from nemo_throughput.summary import LogTiming, build_summary
@@ -50,7 +51,7 @@ class ReadLog:
     """The steps one rank of a log holds, and where they came from."""
 
     fmt: str
-    steps: StepLog
+    segment: ChosenSegment  # the steps read: the log's only segment, or the one chosen
     rank: str | None = None  # the prefix label of the rank read; None: lines without a rank prefix
     ranks: list[str | None] = field(default_factory=list)  # every rank with step lines
     styles: set[str] = field(default_factory=set)
@@ -58,6 +59,17 @@ class ReadLog:
     no_value_lines: list[int] = field(default_factory=list)  # step lines without a value of their own (Primus)
     interval_means: bool = False  # each time is the mean of the log interval up to its step (Megatron's)
     batch_origin: str = ""  # where the log states the batch, for messages
+
+    @property
+    def steps(self) -> list[Step]:
+        return self.segment.steps
+
+    @property
+    def segment_note(self) -> str | None:
+        """What to tell the user about the segment read, or None when the log has one."""
+        if self.segment.of == 1:
+            return None
+        return f"read {self.segment.where}: the job restarted into this log (--segment picks another)"
 
     @property
     def rank_note(self) -> str | None:
@@ -85,8 +97,9 @@ def detect_format(path: Path) -> str | None:
 
 
 def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
-             global_batch_size: int | None = None) -> ReadLog:
-    """One rank's steps of a log: ``fmt`` None detects it; ``rank`` None takes the lowest rank."""
+             global_batch_size: int | None = None, segment: int | str | None = None) -> ReadLog:
+    """One rank's steps of a log: ``fmt`` None detects it; ``rank`` None takes the lowest rank;
+    ``segment`` (a number from 1 or "last") where the job restarted into the log."""
     if not path.exists():
         raise ReportError(f"{path}: no such file or directory (check the path)")
     fmt = fmt or detect_format(path)
@@ -94,7 +107,7 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
         if rank is not None:
             raise ReportError(f"{path}: --rank applies to text logs; TensorBoard event files hold one rank's values")
         events = tensorboard.read_steps(path)
-        return ReadLog(fmt, events.log, styles={events.writer.style}, interval_means=events.writer.interval_means,
+        return ReadLog(fmt, segments.choose(events.log, segment), styles={events.writer.style}, interval_means=events.writer.interval_means,
                        batch_origin=events.writer.batch_origin)
     if path.is_dir():
         raise ReportError(f"{path}: a directory without TensorBoard event files (give the log file itself)")
@@ -128,7 +141,7 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
         raise ReportError(_no_steps_message(path, fmt))
     styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
     cut_line = (last.number, cut) if cut is not None else None
-    return ReadLog(fmt, reader.log, chosen, labels, styles, cut_line, getattr(reader, "no_value_lines", []),
+    return ReadLog(fmt, segments.choose(reader.log, segment), chosen, labels, styles, cut_line, getattr(reader, "no_value_lines", []),
                    interval_means=fmt == megatron.NAME, batch_origin=module.BATCH_ORIGIN)
 
 
@@ -137,7 +150,7 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
                name: str | None = None, rank: str | None = None, window: Window | None = None,
                warmup_steps: int = 10, gpu_name: str | None = None, dtype: str | None = None,
                peak: float | None = None, flops_formula: str = "megatron", flops_per_sample: float | None = None,
-               orchestrator: str | None = None) -> Imported:
+               orchestrator: str | None = None, segment: int | str | None = None) -> Imported:
     """A schema-v1 summary of a run from its log; the facts a log lacks come as arguments. A named
     pipe or `<(command)` is read once."""
     if fmt is not None and fmt not in FORMATS:
@@ -145,15 +158,16 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
     if spec is None and flops_per_sample is None:
         raise ReportError("give the model (--model or --model-spec) or --flops-per-sample")
     with read_once(path):
-        read = read_log(path, fmt, rank, global_batch_size)
+        read = read_log(path, fmt, rank, global_batch_size, segment)
         network_section = _network(path, read, num_nodes)
-    valid, bad = _split_bad_times(read.steps.steps)
+    valid, bad = _split_bad_times(read.steps)
+    where = f"{path}: {read.segment.where}" if read.segment.of > 1 else str(path)  # what the messages name
     if not valid:
-        raise ReportError(f"{path}: no step has a usable time: all {len(bad)} are {UNUSABLE_TIMES} "
+        raise ReportError(f"{where}: no step has a usable time: all {len(bad)} are {UNUSABLE_TIMES} "
                           "(check the log)")
     start_step = valid[0].step - 1  # the warm-up is the log's first steps, wherever it starts
     stats = RunStats(world_size=1, warmup_steps=0 if window else warmup_steps, start_step=start_step)
-    measured = _measured(path, valid, window, stats, warmup_steps)
+    measured = _measured(where, valid, window, stats, warmup_steps)
     batch = _global_batch_size(path, read, measured, global_batch_size)
     tokens_checked = _check_stated_tokens(path, valid, seq_length, batch, num_gpus)
     stats.add(rank_rows([[StepTimes(s.step, s.seconds) for s in measured]]))
@@ -172,7 +186,8 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         gpu_name=gpu_name or "unknown", num_gpus=num_gpus, num_nodes=num_nodes, dtype=dtype,
         peak_tflops=peak_tflops, peak_source=peak_source, source=f"import:{read.fmt}",
         environment={"orchestrator": orchestrator or "unknown", "imported_from": str(path.absolute()),
-                     "imported_rank": read.rank, "log_styles": sorted(read.styles),
+                     "imported_rank": read.rank, "imported_segment": read.segment.record(),
+                     "log_styles": sorted(read.styles),
                      # what imported it; the run's own libraries are not in its log
                      "imported_with": {"nemo-throughput": environment.package_version()}},
     )
@@ -196,13 +211,13 @@ def _network(path: Path, read: ReadLog, num_nodes: int) -> dict[str, Any] | None
     return network.section_from_log((line.text for line in read_lines(path)), str(path), num_nodes)
 
 
-def _measured(path: Path, valid: list[Step], window: Window | None, stats: RunStats, warmup_steps: int) -> list[Step]:
+def _measured(where: str, valid: list[Step], window: Window | None, stats: RunStats, warmup_steps: int) -> list[Step]:
     """The steps that count: the window's, or all after the warm-up."""
     counted = window.select([(s.step, s) for s in valid]) if window else [(s.step, s) for s in valid]
     measured = [s for n, s in counted if not stats.is_warmup(n)]
     if not measured:
         printed = ", ".join(str(s.step) for s in valid[:MAX_LISTED]) + (" ..." if len(valid) > MAX_LISTED else "")
-        raise ReportError(f"{path}: no step left to measure: it has steps {valid[0].step} to {valid[-1].step}, "
+        raise ReportError(f"{where}: no step left to measure: it has steps {valid[0].step} to {valid[-1].step}, "
                           + (f"--window {window.text} selects none (the log prints steps {printed}; a window A:B "
                              "holds A to B-1)" if window else
                              f"the first {warmup_steps} are warm-up (give --warmup or --window)"))
@@ -211,6 +226,7 @@ def _measured(path: Path, valid: list[Step], window: Window | None, stats: RunSt
 
 def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
     notes = [f"read {read.rank_note}"] if read.rank_note else []
+    notes += [read.segment_note] if read.segment_note else []
     if read.cut_line is not None:
         number, why = read.cut_line
         notes.append(f"warning: line {number}, the last step line, looks cut ({why}): not read, its numbers may be "
@@ -222,7 +238,7 @@ def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
                      f"Primus' running average after a `/` (line {listed}): left out, the average is never read")
     if read.interval_means and read.fmt == tensorboard.NAME:
         notes.append(f"step times from Megatron's `{tensorboard.MEGATRON.time_tag}` scalar: each the mean of the "
-                     f"{_log_interval(read.steps.steps)} iterations of its log interval up to its step, counted as one "
+                     f"{_log_interval(read.steps)} iterations of its log interval up to its step, counted as one "
                      "sample (as the text log's `elapsed time per iteration (ms)`)")
     if megatron.BRIDGE_STYLE in read.styles:
         notes.append("Megatron-Bridge log: step times from its iteration lines; its `Step Time : ... TFLOP/s/GPU` "
@@ -278,7 +294,7 @@ def _spacing_notes(read: ReadLog, measured: list[Step]) -> list[str]:
     missing (a trimmed or filtered log), and each printed time still counts as one sample."""
     if not read.interval_means:
         return []
-    printed = [s.step for s in read.steps.steps if measured[0].step <= s.step <= measured[-1].step]
+    printed = [s.step for s in read.steps if measured[0].step <= s.step <= measured[-1].step]
     gaps = sorted({b - a for a, b in zip(printed, printed[1:], strict=False)})
     if len(gaps) <= 1:
         return []

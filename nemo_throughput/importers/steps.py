@@ -1,8 +1,11 @@
 """What every log reader produces: one rank's steps, each with its time and the batch the log states.
 
 A step printed twice must say the same thing twice. Two different times for one step, or step
-numbers going backwards, mean that several ranks print without a prefix that tells them apart,
-or that the job restarted into the same file: either way no number can be chosen silently.
+numbers going backwards, mean that the job restarted into the same log (a requeued Slurm job
+appends to its file; the resumed process starts again from its last checkpoint), or that several
+ranks print without a prefix that tells them apart. Either way no number can be chosen silently:
+the log is cut into segments there, and the importer reads one only when told which
+(:mod:`~nemo_throughput.importers.segments`).
 """
 
 from __future__ import annotations
@@ -10,8 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from nemo_throughput.errors import ReportError
 
 
 @dataclass(frozen=True)
@@ -24,33 +25,65 @@ class Step:
 
 
 @dataclass
-class StepLog:
-    """One rank's steps in the order the log printed them."""
+class Segment:
+    """Steps printed in order without a restart between them."""
 
-    path: Path
+    start: str | None = None  # why a segment starts here (where the one before ended); None: the log's first
     steps: list[Step] = field(default_factory=list)
-    place: str = "line"  # what Step.line counts, for the messages
-    split: str = ("several ranks print without a rank prefix, or the job restarted into this log: run with srun "
-                  "--label or torchrun --tee, or split the log where the job restarted")  # what to do about a clash
-    _index: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _index: dict[int, int] = field(default_factory=dict, repr=False)
 
-    def add(self, step: Step) -> None:
-        seen = self._index.get(step.step)
-        if seen is not None:
-            earlier = self.steps[seen]
-            if not _same(earlier, step):
-                raise ReportError(
-                    f"{self.path}: step {step.step} is printed twice with different values ({self.place} "
-                    f"{earlier.line}: {earlier.seconds:g} s, {self.place} {step.line}: {step.seconds:g} s) "
-                    f"({self.split})")
-            return
-        if self.steps and step.step < self.steps[-1].step:
-            last = self.steps[-1]
-            raise ReportError(
-                f"{self.path}: step numbers go backwards at {self.place} {step.line} (step {step.step} after step "
-                f"{last.step} at {self.place} {last.line}) ({self.split})")
+    def printed(self, number: int) -> Step | None:
+        seen = self._index.get(number)
+        return None if seen is None else self.steps[seen]
+
+    def append(self, step: Step) -> None:
         self._index[step.step] = len(self.steps)
         self.steps.append(step)
+
+
+@dataclass
+class StepLog:
+    """One rank's steps in the order the log printed them, cut into segments where the job restarted."""
+
+    path: Path
+    place: str = "line"  # what Step.line counts, for the messages
+    split: str = ("or several ranks print without a rank prefix: run with srun --label or torchrun "
+                  "--tee")  # what else a new segment can mean, and what to do about it
+    segments: list[Segment] = field(default_factory=lambda: [Segment()])
+    _restart: tuple[int, str] | None = field(default=None, init=False, repr=False)  # a banner not yet followed
+
+    @property
+    def steps(self) -> list[Step]:
+        """Every segment's steps, in the order printed."""
+        return [step for segment in self.segments for step in segment.steps]
+
+    def restarted_at(self, place: int, why: str) -> None:
+        """A process start seen at ``place`` (a restart banner): the next step after it opens a segment."""
+        if self._restart is None:
+            self._restart = (place, why)
+
+    def add(self, step: Step) -> None:
+        current = self.segments[-1]
+        seen = current.printed(step.step)
+        if seen is not None and _same(seen, step):
+            return  # drawn or printed again: the same step
+        why = self._new_segment_reason(current, seen, step)
+        if why is not None and current.steps:
+            current = Segment(why)
+            self.segments.append(current)
+        current.append(step)
+
+    def _new_segment_reason(self, current: Segment, seen: Step | None, step: Step) -> str | None:
+        if self._restart is not None and self._restart[0] < step.line:  # steps are fed after later lines
+            why, self._restart = self._restart[1], None
+            return why
+        if seen is not None:
+            return (f"step {step.step} is printed again with different values ({self.place} {seen.line}: "
+                    f"{seen.seconds:g} s, {self.place} {step.line}: {step.seconds:g} s)")
+        last = current.steps[-1] if current.steps else None
+        if last is not None and step.step < last.step:
+            return f"step numbers go backwards (step {step.step} after step {last.step} at {self.place} {last.line})"
+        return None
 
 
 def _same(a: Step, b: Step) -> bool:

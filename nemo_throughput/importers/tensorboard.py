@@ -66,8 +66,7 @@ WRITERS = (NEMO, MEGATRON)
 # written by Megatron's training_log by default: tells a Megatron event file without its step times
 MEGATRON_SIGNS = ("learning-rate", "loss-scale", "lm loss", "batch-size")
 TIMING_FLAG = "--log-timers-to-tensorboard or Megatron-Bridge's logger.log_timers_to_tensorboard=True"
-RESUMED = ("the run restarted from a checkpoint and logged its steps again: import each event file, or each "
-           "segment's directory, on its own")
+RESUMED = "or import each event file on its own"  # what else to do with the segments of a resumed run
 
 
 @dataclass(frozen=True)
@@ -110,9 +109,9 @@ def read_steps(path: Path) -> EventSteps:
     read = [_file_scalars(file) for file in event_files(path)]
     writer = _writer(path, read)
     log = StepLog(path, place="value", split=RESUMED)
-    for scalars in read:
-        for step, seconds, batch in scalars.timed[writer]:  # `line`: the value's place among all files' times
-            log.add(Step(step + writer.step_offset, seconds, batch, len(log.steps) + 1))
+    values = (value for scalars in read for value in scalars.timed[writer])
+    for place, (step, seconds, batch) in enumerate(values, start=1):  # `line`: the place among all files' times
+        log.add(Step(step + writer.step_offset, seconds, batch, place))
     return EventSteps(log, writer)
 
 
