@@ -28,7 +28,7 @@ from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.hardware import resolve_peak
 from nemo_throughput.importers import megatron, nemo, segments, tensorboard
-from nemo_throughput.importers.lines import check_text, cut_reason, read_lines, read_once
+from nemo_throughput.importers.lines import Line, check_text, cut_reason, read_lines, read_once
 from nemo_throughput.importers.segments import ChosenSegment
 from nemo_throughput.importers.steps import Step
 from nemo_throughput.run_facts import USER_FLOPS, RunFacts, mfu_above_peak_warning
@@ -107,8 +107,8 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
         if rank is not None:
             raise ReportError(f"{path}: --rank applies to text logs; TensorBoard event files hold one rank's values")
         events = tensorboard.read_steps(path)
-        return ReadLog(fmt, segments.choose(events.log, segment), styles={events.writer.style}, interval_means=events.writer.interval_means,
-                       batch_origin=events.writer.batch_origin)
+        return ReadLog(fmt, segments.choose(events.log, segment), styles={events.writer.style},
+                       interval_means=events.writer.interval_means, batch_origin=events.writer.batch_origin)
     if path.is_dir():
         raise ReportError(f"{path}: a directory without TensorBoard event files (give the log file itself)")
     check_text(path)
@@ -125,12 +125,7 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
     chosen = _choose_rank(path, labels, rank)
     module = TEXT_FORMATS[fmt]
     reader = module.Reader(path, global_batch_size)
-    before = last = None  # the last step line is read once the file ends: it may be cut (5444.9 printed as 54)
-    for line in read_lines(path):
-        if line.rank == chosen and module.matches(line.text):
-            if last is not None:
-                reader.feed(last)
-            before, last = last, line
+    before, last = _feed_all_but_the_last(path, module, reader, chosen)
     cut = cut_reason(last, before, module.is_whole) if last is not None else None
     if cut is None and last is not None:
         reader.feed(last)
@@ -141,8 +136,24 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
         raise ReportError(_no_steps_message(path, fmt))
     styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
     cut_line = (last.number, cut) if cut is not None else None
-    return ReadLog(fmt, segments.choose(reader.log, segment), chosen, labels, styles, cut_line, getattr(reader, "no_value_lines", []),
-                   interval_means=fmt == megatron.NAME, batch_origin=module.BATCH_ORIGIN)
+    return ReadLog(fmt, segments.choose(reader.log, segment), chosen, labels, styles, cut_line,
+                   getattr(reader, "no_value_lines", []), interval_means=fmt == megatron.NAME,
+                   batch_origin=module.BATCH_ORIGIN)
+
+
+def _feed_all_but_the_last(path: Path, module: ModuleType, reader: Any,
+                           rank: str | None) -> tuple[Line | None, Line | None]:
+    """Feed ``rank``'s step lines but the last, which is read once the file ends, as it may be cut (5444.9
+    printed as 54): (the step line before it, it). Process starts (banners) of any rank cut segments."""
+    before = last = None
+    for line in read_lines(path):
+        if module.starts_process(line.text):  # rank 0 prints it; Megatron's last rank prints the steps
+            reader.log.restarted_at(line.number, f"a process starts at line {line.number} ({module.PROCESS_START})")
+        elif line.rank == rank and module.matches(line.text):
+            if last is not None:
+                reader.feed(last)
+            before, last = last, line
+    return before, last
 
 
 def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | None, seq_length: int,

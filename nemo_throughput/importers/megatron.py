@@ -49,6 +49,13 @@ _TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU i
                              r"\s*([\d.]+)(?=[/\s|])")  # a number without what follows it may be cut
 _BRIDGE_STEP_TIME = re.compile(r"Step Time : \S+s GPU utilization: \S*TFLOP/s/GPU")
 BRIDGE_STYLE = "Megatron-Bridge `Step Time :` lines"
+# Printed by rank 0 once per process, before any iteration: Megatron-LM's _initialize_distributed
+# (megatron/training/initialize.py, since 2020: "> initializing torch distributed ...") and
+# Megatron-Bridge's (src/megatron/bridge/training/initialize.py: "... with N workers."). After an
+# iteration line it means a new process: a restart into the same log, even one that resumes past
+# the last printed iteration, so that no step number repeats.
+_PROCESS_START = re.compile(r"^\s*> initializing torch distributed\b")
+PROCESS_START = "`> initializing torch distributed`"
 
 
 def matches(text: str) -> bool:
@@ -60,6 +67,11 @@ def is_whole(text: str) -> bool:
     """Whether a line is complete: every field of the iteration line ends with `|` (a colour reset
     Primus adds after it is gone with the line's other control sequences, importers.lines)."""
     return text.rstrip().endswith("|")
+
+
+def starts_process(text: str) -> bool:
+    """Whether a line is the banner every Megatron process prints as it starts (see above)."""
+    return _PROCESS_START.match(text) is not None
 
 
 def is_bridge_step_time(text: str) -> bool:

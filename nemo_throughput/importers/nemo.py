@@ -37,6 +37,7 @@ from nemo_throughput.importers.steps import Step, StepLog
 
 NAME = "nemo"
 TAG = "train_step_timing in s"
+PROCESS_START = None  # no banner: see starts_process
 BATCH_ORIGIN = "NeMo 2's `global_batch_size:`; NeMo 1.x's consumed_samples / steps"
 
 _NUMBER = r"[-+]?(?:nan|inf)(?:\.0*)?|[-+]?\d*\.?\d+(?:e[-+]?\d+)?"
@@ -54,6 +55,14 @@ _STEP_TIME = re.compile(re.escape(TAG) + r"\s*[=:]\s*(?:" + _NUMBER + ")", re.IG
 def matches(text: str) -> bool:
     """A step line: the tag with a value (not, say, a warning that names the metric)."""
     return TAG in text and _STEP_TIME.search(text) is not None
+
+
+def starts_process(text: str) -> bool:
+    """NeMo prints no banner of its own as a process starts: Lightning's `Initializing distributed:`
+    goes through Python logging, shown or not as the run configured it, so a restart into the log
+    is known only from its steps."""
+    del text
+    return False
 
 
 def is_whole(text: str) -> bool:
