@@ -216,6 +216,143 @@ def test_srun_label_with_progress_bars_redrawn_by_carriage_returns(tmp_path, cap
     assert summary["timing"]["steps"] == [[s, 1.0] for s in range(1, 13)] and "read rank 0 of 2" in err
 
 
+# ------------------------------------------------------------------------------- restarted logs (segments)
+MIXTRAL = DATA / "megatron_lm_mixtral_issue756.log"  # iterations 43, 44, 45 (5444.9, 5533.8, 5718.6 ms), 71, 72, 73
+MEGATRON_START = "      > initializing torch distributed ...\n"  # as a real Megatron-LM log prints it (rank 0)
+
+
+def requeued_megatron_log(path: Path, restarts: int = 1) -> Path:
+    """The real log's iterations 43-45, then ``restarts`` times 44-45 again, as a job requeued into the
+    same file after its checkpoint at 43 prints them: with other times (6000 + r, 6100 + r ms)."""
+    lines = MIXTRAL.read_text().splitlines(keepends=True)
+    again = [lines[1].replace("5533.8", "{:.1f}"), lines[2].replace("5718.6", "{:.1f}")]
+    path.write_text("".join([*lines[:3], *(a.format(base + r) for r in range(restarts)
+                                           for a, base in zip(again, (6000, 6100), strict=True))]))
+    return path
+
+
+def test_real_megatron_log_a_job_restarted_into_is_refused_naming_its_segments(tmp_path, capsys):
+    log = requeued_megatron_log(tmp_path / "requeued.log")
+    code, _, err = run_import(capsys, log, "--warmup", "1", out=tmp_path / "out")
+    line = error_line(err, "requeued.log")
+    assert code == 2 and ("2 segments, as a job restarted into the same log prints them: 1: steps 43-45, 3 printed, "
+                          "lines 1-3; 2: steps 44-45, 2 printed, lines 4-5, starting where step 44 is printed again "
+                          "with different values (line 2: 5.5338 s, line 4: 6 s) (import one with --segment N, "
+                          "from 1, or --segment last; or several ranks print") in line
+    assert not (tmp_path / "out" / "requeued").exists()
+
+
+@pytest.mark.parametrize("choice, steps, window, mean", [
+    ("1", [[43, 5.4449], [44, 5.5338], [45, 5.7186]], "44:", (5.5338 + 5.7186) / 2),
+    ("2", [[44, 6.0], [45, 6.1]], "45:", 6.1),  # its own warm-up: step 44, the first after the restart
+    ("last", [[44, 6.0], [45, 6.1]], "45:", 6.1),
+    ("LAST", [[44, 6.0], [45, 6.1]], "45:", 6.1),
+])
+def test_segment_imports_only_the_chosen_segment_with_its_own_warmup(tmp_path, capsys, choice, steps, window, mean):
+    log = requeued_megatron_log(tmp_path / "requeued.log")
+    code, _, err = run_import(capsys, log, "--warmup", "1", "--segment", choice, out=tmp_path / "out")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "out", "requeued")
+    assert summary["timing"]["steps"] == [[step, pytest.approx(seconds)] for step, seconds in steps]
+    assert summary["timing"]["window"] == window and summary["timing"]["step_time_s"]["mean"] == pytest.approx(mean)
+    number, lines = (1, [1, 3]) if choice == "1" else (2, [4, 5])
+    assert summary["environment"]["imported_segment"] == {"number": number, "of": 2, "steps": [steps[0][0], 45],
+                                                          "lines": lines}
+    assert f"read segment {number} of 2 (steps {steps[0][0]}-45, {len(steps)} printed, lines {lines[0]}-{lines[1]}): " \
+           "the job restarted into this log (--segment picks another)" in err
+
+
+def test_real_nemo2_log_reprinting_steps_after_a_restart(tmp_path, capsys):
+    lines = (DATA / "nemo2_qwen3_8b_timestamped.log").read_text().splitlines(keepends=True)  # steps 528-530
+    resumed = [lines[1].replace("2.443", "3.5"), lines[2].replace("2.127", "2.25")]  # from the checkpoint at 527
+    log = tmp_path / "nemo2.log"
+    log.write_text("".join([*lines, lines[2], *resumed]))  # step 530 printed twice alike: the same step
+    code, _, err = run_import(capsys, log, "--warmup", "0", out=tmp_path / "out")
+    assert code == 2 and "1: steps 528-530, 3 printed, lines 1-3; 2: steps 529-530, 2 printed, lines 5-6, starting " \
+        "where step 529 is printed again with different values (line 2: 2.443 s, line 5: 3.5 s)" in err
+    code, _, err = run_import(capsys, log, "--warmup", "0", "--segment", "2", out=tmp_path / "out")
+    assert code == 0, err
+    summary = summary_of(tmp_path / "out", "nemo2")
+    assert summary["timing"]["steps"] == [[529, 3.5], [530, 2.25]] and summary["batch"]["global_batch_size"] == 32
+
+
+def test_megatron_process_start_after_a_step_starts_a_segment_that_resumes_forward(tmp_path, capsys):
+    # checkpoint at 45, killed before the next print: the next process prints 71 on, no step again
+    lines = MIXTRAL.read_text().splitlines(keepends=True)
+    log = tmp_path / "forward.log"
+    log.write_text("".join([MEGATRON_START, *lines[:3], MEGATRON_START, MEGATRON_START, *lines[3:]]))
+    code, _, err = run_import(capsys, log, "--warmup", "0", out=tmp_path / "out")
+    assert code == 2 and "1: steps 43-45, 3 printed, lines 2-4; 2: steps 71-73, 3 printed, lines 7-9, starting " \
+        "where a process starts at line 5 (`> initializing torch distributed`)" in err  # the first banner, once
+    code, _, err = run_import(capsys, log, "--warmup", "0", "--segment", "last", out=tmp_path / "out")
+    assert code == 0, err
+    assert steps_of(summary_of(tmp_path / "out", "forward")) == [71, 72, 73]
+
+
+def test_segments_of_one_rank_among_prefixed_ranks(tmp_path, capsys):
+    # torchrun --tee: rank 0 prints the process start, ranks 3 and 7 their steps; the restart re-prints 561
+    first = "".join(_real_megatron_line(f"[default{r}]: ", 1000.0 + r) + "\n" for r in (3, 7))
+    again = "".join(_real_megatron_line(f"[default{r}]: ", 2000.0 + r) + "\n" for r in (3, 7))
+    log = tmp_path / "torchrun.log"
+    log.write_text(first + "[default0]: " + MEGATRON_START + again)
+    code, _, err = run_import(capsys, log, "--window", "last", "--rank", "7", out=tmp_path / "out")
+    assert code == 2 and "1: step 561, line 2; 2: step 561, line 5, starting where a process starts at line 3" in err
+    code, _, err = run_import(capsys, log, "--window", "last", "--rank", "7", "--segment", "2", out=tmp_path / "out")
+    assert code == 0, err
+    assert summary_of(tmp_path / "out", "torchrun")["timing"]["steps"] == [[561, 2.007]]
+    assert "read rank 7 of 2 that print step lines" in err and "read segment 2 of 2 (step 561, line 5)" in err
+
+
+@pytest.mark.parametrize("choice, said", [
+    ("0", "--segment 0: not a segment (give a number from 1, the log's first, or last)"),
+    ("-1", "--segment -1: not a segment"),
+    ("abc", "--segment abc: not a segment"),
+    ("1.5", "--segment 1.5: not a segment"),
+    ("3", "--segment 3: the log has 2 segments: 1: steps 43-45, 3 printed, lines 1-3; 2: steps 44-45"),
+])
+def test_a_segment_the_log_lacks_is_refused(tmp_path, capsys, choice, said):
+    log = requeued_megatron_log(tmp_path / "requeued.log")
+    code, _, err = run_import(capsys, log, "--segment", choice, out=tmp_path / "out")
+    assert code == 2 and said in err.strip().splitlines()[-1] and "Traceback" not in err
+    if choice == "3":
+        assert "(give a number from 1 to 2, or last)" in error_line(err, "requeued.log")
+
+
+@pytest.mark.parametrize("choice", ["1", "last"])
+def test_segment_of_a_log_without_a_restart(tmp_path, capsys, choice):
+    code, _, err = run_import(capsys, MIXTRAL, "--warmup", "0", "--segment", choice, out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, "megatron_lm_mixtral_issue756")
+    assert steps_of(summary) == [43, 44, 45, 71, 72, 73] and summary["environment"]["imported_segment"] is None
+    assert "segment" not in err
+    code, _, err = run_import(capsys, MIXTRAL, "--segment", "2", out=tmp_path)
+    assert code == 2 and "--segment 2: the log has one segment (no restart found) (give a number from 1 to 1, or " \
+        "last)" in error_line(err, "issue756")
+
+
+def test_a_log_of_fifty_restarts_names_a_few_segments_and_the_count(tmp_path, capsys):
+    log = requeued_megatron_log(tmp_path / "requeued.log", restarts=50)
+    code, _, err = run_import(capsys, log, out=tmp_path / "out")
+    line = error_line(err, "requeued.log")
+    assert code == 2 and "51 segments" in line and "; 3: steps 44-45, 2 printed, lines 6-7, starting where" in line
+    assert "; ... 47 more ...; 51: steps 44-45, 2 printed, lines 102-103, starting where" in line
+    assert "4: steps" not in line and len(line) < 1200
+    code, _, err = run_import(capsys, log, "--warmup", "1", "--segment", "51", out=tmp_path / "out")
+    assert code == 0 and summary_of(tmp_path / "out", "requeued")["timing"]["steps"] == [[44, 6.049], [45, 6.149]]
+
+
+def test_a_segment_with_no_step_after_its_warmup_says_so(tmp_path, capsys):
+    log = requeued_megatron_log(tmp_path / "requeued.log")
+    code, _, err = run_import(capsys, log, "--segment", "last", out=tmp_path / "out")  # warm-up 10 of its 2 steps
+    assert code == 2 and ("requeued.log: segment 2 of 2 (steps 44-45, 2 printed, lines 4-5): no step left to measure: "
+                          "it has steps 44 to 45, the first 10 are warm-up (give --warmup or --window)") in err
+
+
+def test_segment_does_not_apply_to_mlperf_results(tmp_path, capsys):
+    code = main(["import", str(MIXTRAL), "--format", "mlperf", "--segment", "1", "--output-dir", str(tmp_path)])
+    assert code == 2 and "--segment do(es) not apply to --format mlperf" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------- NeMo 1.x bars
 def megatron_bar_log(path: Path, step_times: list[float], global_batch_size: int, validate_every: int = 0) -> None:
     """A NeMo 1.x log drawn by Lightning's real tqdm bar the way MegatronProgressBar drives it: at
