@@ -9,7 +9,6 @@ steps: a log of several segments is refused, naming them, until one is chosen.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from nemo_throughput.errors import ReportError
