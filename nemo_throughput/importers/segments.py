@@ -80,6 +80,7 @@ def listing(segments: list[Segment], place: str) -> str:
         described = [*described[:LISTED_FIRST], f"... {len(described) - LISTED_FIRST - 1} more ...", described[-1]]
     return "; ".join(described)
 
+
 def _described(number: int, segment: Segment, place: str) -> str:
     start = f", starting where {segment.start}" if segment.start else ""
     return f"{number}: {_span(segment.steps, place)}{start}"
@@ -89,4 +90,3 @@ def _span(steps: list[Step], place: str) -> str:
     first, last = steps[0], steps[-1]
     return (f"steps {first.step}-{last.step}, {len(steps)} printed, {place}s {first.line}-{last.line}"
             if len(steps) > 1 else f"step {first.step}, {place} {first.line}")
-
