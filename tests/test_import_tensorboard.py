@@ -204,12 +204,15 @@ def test_iteration_times_that_are_nan_zero_negative_or_beyond_any_run_are_left_o
         error_line(err, "all-bad"))
 
 
-@pytest.mark.parametrize("restarted_at, said", [
-    (30, "step 40 is printed twice with different values (value 4: 1.25 s, value 6: 3 s)"),  # logged again
-    (25, "step numbers go backwards at value 6 (step 28 after step 50 at value 5)"),  # another --log-interval
+@pytest.mark.parametrize("restarted_at, said, second", [
+    (30, "step 40 is printed again with different values (value 4: 1.25 s, value 6: 3 s)",  # logged again
+     list(range(40, 71, 10))),
+    (25, "step numbers go backwards (step 28 after step 50 at value 5)", list(range(28, 71, 7))),  # another interval
 ])
-def test_steps_going_backward_in_one_file_are_refused(tmp_path, capsys, restarted_at, said):
-    """A job that restarted from a checkpoint into the same file (or files joined with cat)."""
+def test_steps_going_backward_in_one_file_are_segments_of_which_one_is_imported(tmp_path, capsys, restarted_at,
+                                                                                  said, second):
+    """A job that restarted from a checkpoint into the same file (or files joined with cat): refused naming
+    its two segments; --segment picks one, never both merged."""
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(tmp_path / "tb")
@@ -220,7 +223,13 @@ def test_steps_going_backward_in_one_file_are_refused(tmp_path, capsys, restarte
     writer.close()
     code, _, err = run_import(capsys, tmp_path / "tb", out=tmp_path / "out")
     assert code == 2
-    assert f"{said} (the run restarted from a checkpoint and logged its steps again" in error_line(err, "tb")
+    line = error_line(err, "tb")
+    assert ": 2 segments, as a job restarted into the same log prints them: 1: steps 10-50, 5 printed" in line
+    assert f"starting where {said} (import one with --segment N, from 1, or --segment last" in line
+    code, _, err = run_import(capsys, tmp_path / "tb", "--segment", "last", "--warmup", "0", out=tmp_path / "out")
+    assert code == 0, err
+    timing = summary_of(tmp_path / "out", "tb")["timing"]
+    assert [step for step, _ in timing["steps"]] == second and timing["step_time_s"]["mean"] == pytest.approx(3.0)
 
 
 def test_two_event_files_of_one_run(tmp_path, capsys):
@@ -239,8 +248,9 @@ def test_two_event_files_of_one_run(tmp_path, capsys):
     event_dir(tmp_path / "overlap", range(31, 101), lambda it: 1.0, started=1700003600)  # from iteration 30
     code, _, err = run_import(capsys, tmp_path / "overlap", out=tmp_path / "out")
     assert code == 2
-    assert ("step 40 is printed twice with different values (value 4: 2 s, value 6: 1 s) (the run restarted from a "
-            "checkpoint and logged its steps again: import each event file") in error_line(err, "overlap")
+    assert ("starting where step 40 is printed again with different values (value 4: 2 s, value 6: 1 s) (import one "
+            "with --segment N, from 1, or --segment last; or import each event file on its own)") in \
+        error_line(err, "overlap")
 
 
 def test_event_files_holding_both_nemo_and_megatron_step_times_are_refused(tmp_path, capsys):
