@@ -47,38 +47,13 @@ OPTION_FOR_KEY = {
 
 
 def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[str]) -> int:
-    if devices < 1 or steps < 1:
-        print("nemo-throughput demo: --devices and --steps must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        check_cpu_ranks("--devices", devices)
-    except ValueError as error:
-        print(f"nemo-throughput demo: {error}", file=sys.stderr)
-        return 2
     if output_dir is None:
         output_dir = Path("nemo_throughput_runs") / f"demo-{dt.datetime.now():%Y%m%d-%H%M%S}"
     output_dir = output_dir.resolve()
-    try:
-        check_output_dir(output_dir, "--output-dir")
-    except OutputPathError as error:
-        print(f"nemo-throughput demo: {printable(error)}", file=sys.stderr)
+    refusal = _refusal(devices, steps, output_dir, overrides)
+    if refusal is not None:
+        print(f"nemo-throughput demo: {refusal}", file=sys.stderr)
         return 2
-    if (output_dir / "throughput").is_dir() and any((output_dir / "throughput").iterdir()):
-        # The headline must be this run's: the callback would write beside the earlier run's summary.
-        print(f"nemo-throughput demo: --output-dir {printable(output_dir)} holds an earlier run; choose a new "
-              "directory (without --output-dir each demo gets its own)", file=sys.stderr)
-        return 2
-    problem = unpassable_part(str(output_dir))
-    if problem:
-        print(f"nemo-throughput demo: the output directory {output_dir} contains {problem}, which cannot be passed "
-              "to Hydra unchanged; choose another --output-dir", file=sys.stderr)
-        return 2
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key in OPTION_FOR_KEY:
-            print(f"nemo-throughput demo: the demo sets {key} itself; use {OPTION_FOR_KEY[key]} instead of the "
-                  f"override {override!r}", file=sys.stderr)
-            return 2
     command = [
         sys.executable, "-m", "nemo_throughput.demo.train",
         "+callbacks=throughput",
@@ -107,6 +82,32 @@ def run_demo(devices: int, steps: int, output_dir: Path | None, overrides: list[
     if stopped_by is not None:
         return 128 + stopped_by  # as a shell reports a job ended by that signal
     return returncode
+
+
+def _refusal(devices: int, steps: int, output_dir: Path, overrides: list[str]) -> str | None:
+    """Why the demo cannot run as asked, said before any process starts; None when it can."""
+    if devices < 1 or steps < 1:
+        return "--devices and --steps must be at least 1"
+    try:
+        check_cpu_ranks("--devices", devices)
+        check_output_dir(output_dir, "--output-dir")
+    except OutputPathError as error:
+        return printable(error)
+    except ValueError as error:
+        return str(error)
+    if (output_dir / "throughput").is_dir() and any((output_dir / "throughput").iterdir()):
+        # The headline must be this run's: the callback would write beside the earlier run's summary.
+        return (f"--output-dir {printable(output_dir)} holds an earlier run; choose a new directory (without "
+                "--output-dir each demo gets its own)")
+    problem = unpassable_part(str(output_dir))
+    if problem:
+        return (f"the output directory {output_dir} contains {problem}, which cannot be passed to Hydra unchanged; "
+                "choose another --output-dir")
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in OPTION_FOR_KEY:
+            return f"the demo sets {key} itself; use {OPTION_FOR_KEY[key]} instead of the override {override!r}"
+    return None
 
 
 def train(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
