@@ -128,7 +128,7 @@ def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
     _check_arguments(args)
     if args.gpus_per_node is None:
         args.gpus_per_node = DEFAULT_GPUS_PER_NODE
-    _whole_nodes(args.num_gpus, args.gpus_per_node)
+    num_nodes = _whole_nodes(args.num_gpus, args.gpus_per_node)
     spec, model_name = _model(args)
     window = Window.parse(args.window) if args.window else None
     segment = segments.parse_choice(args.segment)
@@ -141,7 +141,7 @@ def _import_logs(args: argparse.Namespace, progress: dict[str, str]) -> Written:
         imported = import_run(
             log, fmt=None if args.format == "auto" else args.format, global_batch_size=args.global_batch_size,
             seq_length=args.seq_length, spec=spec, model_name=model_name, num_gpus=args.num_gpus,
-            num_nodes=_whole_nodes(args.num_gpus, args.gpus_per_node), label=args.label, name=name, rank=args.rank,
+            num_nodes=num_nodes, label=args.label, name=name, rank=args.rank,
             window=window, warmup_steps=args.warmup, gpu_name=args.gpu_name, dtype=args.dtype,
             peak=args.peak_tflops, flops_formula=args.flops_formula, flops_per_sample=args.flops_per_sample,
             orchestrator=args.orchestrator, segment=segment)
