@@ -72,6 +72,19 @@ def read_json(path):
     return document
 
 
+def summary_of(out, name):
+    """The summary `nemo-throughput import` wrote for the input named `name` under `out`."""
+    return json.loads((out / name / "summary.json").read_text())
+
+
+def import_error_line(err, file_name):
+    """Every failure of `import` is one `nemo-throughput import: <file>: <what> (<what to do>)` line,
+    never a traceback."""
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("nemo-throughput import: ") and file_name in line and line.endswith(")"), err
+    return line
+
 def assert_valid_summary(summary, where="summary"):
     """Fail naming each field of ``summary`` that breaks schemas/summary-v1.json."""
     problems = validate_summary(summary)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import nemo_throughput_cli, run_train_tiny
+from conftest import import_error_line, nemo_throughput_cli, run_train_tiny, summary_of
 from nemo_throughput.cli import main
 from nemo_throughput.flops import model_flops_per_sample
 from nemo_throughput.importers.lines import WAITING
@@ -35,20 +35,8 @@ def run_import(capsys, log, *extra, out, model=("--model", "gpt3-126m")):
     return code, captured.out, captured.err
 
 
-def summary_of(out, name):
-    return json.loads((out / name / "summary.json").read_text())
-
-
 def steps_of(summary):
     return [step for step, _ in summary["timing"]["steps"]]
-
-
-def error_line(err, file_name):
-    """Every failure is one `nemo-throughput import: <file>: <what> (<what to do>)` line, never a traceback."""
-    assert "Traceback" not in err
-    line = err.strip().splitlines()[-1]
-    assert line.startswith("nemo-throughput import: ") and file_name in line and line.endswith(")"), err
-    return line
 
 
 # ------------------------------------------------------------------------------- real logs
@@ -67,7 +55,7 @@ def test_real_nemo1_bar_whose_batch_disagrees_with_the_given_one(tmp_path, capsy
     log = DATA / "nemo1_dgxc_grok1_last_step.out"
     code, _, err = run_import(capsys, log, "--global-batch-size", "4096", "--window", "last", out=tmp_path)
     assert code == 2
-    assert "--global-batch-size 4096 but the log says 1024" in error_line(err, log.name)
+    assert "--global-batch-size 4096 but the log says 1024" in import_error_line(err, log.name)
     assert not (tmp_path / "nemo1_dgxc_grok1_last_step").exists()
 
 
@@ -78,7 +66,7 @@ def test_real_nemo1_bar_whose_batch_disagrees_with_the_given_one(tmp_path, capsy
 def test_real_nemo1_bar_with_only_rounded_step_numbers_is_refused(tmp_path, capsys, fixture, extra, allowed):
     code, _, err = run_import(capsys, DATA / fixture, *extra, "--window", "last", out=tmp_path)
     assert code == 2
-    line = error_line(err, fixture)
+    line = import_error_line(err, fixture)
     assert "rounded by tqdm" in line and allowed in line and "global_step=2e+3" in line
     assert "230400.0-last.ckpt" not in line  # the checkpoint path printed after the bar is not part of it
 
@@ -92,7 +80,7 @@ def test_real_nemo2_printer_lines_state_the_batch(tmp_path, capsys):
     assert summary["batch"]["global_batch_size"] == 4 and summary["timing"]["window"] == "2:"
     assert summary["timing"]["step_time_s"]["max"] == 2.262  # step 2; the 23.52 s of step 1 is warm-up
     code, _, err = run_import(capsys, log, "--global-batch-size", "8", out=tmp_path)
-    assert code == 2 and "--global-batch-size 8 but the log says 4" in error_line(err, log.name)
+    assert code == 2 and "--global-batch-size 8 but the log says 4" in import_error_line(err, log.name)
 
 
 def test_real_nemo2_lines_behind_timestamps(tmp_path, capsys):
@@ -149,7 +137,7 @@ def test_real_megatron_lines_behind_timestamps(tmp_path, capsys):
     assert summary["timing"]["step_time_s"]["mean"] == pytest.approx(5.8299)
     code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", "--global-batch-size", "256",
                               out=tmp_path)
-    assert code == 2 and "--global-batch-size 256 but the log says 128" in error_line(err, "issue756")
+    assert code == 2 and "--global-batch-size 256 but the log says 128" in import_error_line(err, "issue756")
 
 
 @pytest.mark.parametrize("fixture, step, seconds, batch", [
@@ -197,7 +185,7 @@ def test_several_ranks_without_prefixes_are_refused_not_merged(tmp_path, capsys)
     log.write_text("".join(_real_megatron_line("", 1000.0 + r) + "\n" for r in (0, 1)))
     code, _, err = run_import(capsys, log, "--window", "last", out=tmp_path / "out")
     assert code == 2
-    line = error_line(err, "noprefix.log")
+    line = import_error_line(err, "noprefix.log")
     assert "step 561 is printed again with different values (line 1: 1 s, line 2: 1.001 s)" in line
     assert "srun --label" in line
 
@@ -234,7 +222,7 @@ def requeued_megatron_log(path: Path, restarts: int = 1) -> Path:
 def test_real_megatron_log_a_job_restarted_into_is_refused_naming_its_segments(tmp_path, capsys):
     log = requeued_megatron_log(tmp_path / "requeued.log")
     code, _, err = run_import(capsys, log, "--warmup", "1", out=tmp_path / "out")
-    line = error_line(err, "requeued.log")
+    line = import_error_line(err, "requeued.log")
     assert code == 2 and ("2 segments, as a job restarted into the same log prints them: 1: steps 43-45, 3 printed, "
                           "lines 1-3; 2: steps 44-45, 2 printed, lines 4-5, starting where step 44 is printed again "
                           "with different values (line 2: 5.5338 s, line 4: 6 s) (import one with --segment N, "
@@ -315,7 +303,7 @@ def test_a_segment_the_log_lacks_is_refused(tmp_path, capsys, choice, said):
     code, _, err = run_import(capsys, log, "--segment", choice, out=tmp_path / "out")
     assert code == 2 and said in err.strip().splitlines()[-1] and "Traceback" not in err
     if choice == "3":
-        assert "(give a number from 1 to 2, or last)" in error_line(err, "requeued.log")
+        assert "(give a number from 1 to 2, or last)" in import_error_line(err, "requeued.log")
 
 
 @pytest.mark.parametrize("choice", ["1", "last"])
@@ -327,13 +315,13 @@ def test_segment_of_a_log_without_a_restart(tmp_path, capsys, choice):
     assert "segment" not in err
     code, _, err = run_import(capsys, MIXTRAL, "--segment", "2", out=tmp_path)
     assert code == 2 and "--segment 2: the log has one segment (no restart found) (give a number from 1 to 1, or " \
-        "last)" in error_line(err, "issue756")
+        "last)" in import_error_line(err, "issue756")
 
 
 def test_a_log_of_fifty_restarts_names_a_few_segments_and_the_count(tmp_path, capsys):
     log = requeued_megatron_log(tmp_path / "requeued.log", restarts=50)
     code, _, err = run_import(capsys, log, out=tmp_path / "out")
-    line = error_line(err, "requeued.log")
+    line = import_error_line(err, "requeued.log")
     assert code == 2 and "51 segments" in line and "; 3: steps 44-45, 2 printed, lines 6-7, starting where" in line
     assert "; ... 47 more ...; 51: steps 44-45, 2 printed, lines 102-103, starting where" in line
     assert "4: steps" not in line and len(line) < 1200
@@ -393,7 +381,7 @@ def test_nemo1_bar_that_does_not_fit_the_given_batch_is_refused(tmp_path, capsys
     log = tmp_path / "job.out"
     megatron_bar_log(log, [1.0] * 30, 128)
     code, _, err = run_import(capsys, log, "--global-batch-size", "256", out=tmp_path / "out")
-    assert code == 2 and "--global-batch-size 256 but the log says 128" in error_line(err, "job.out")
+    assert code == 2 and "--global-batch-size 256 but the log says 128" in import_error_line(err, "job.out")
 
 
 def test_two_runs_in_one_log_are_refused_until_one_is_chosen(tmp_path, capsys):
@@ -403,7 +391,7 @@ def test_two_runs_in_one_log_are_refused_until_one_is_chosen(tmp_path, capsys):
     log = tmp_path / "requeued.out"
     log.write_text(first.read_text() + "\n" + second.read_text())
     code, _, err = run_import(capsys, log, out=tmp_path / "out")
-    line = error_line(err, "requeued.out")
+    line = import_error_line(err, "requeued.out")
     assert code == 2 and "1: steps 1-20, 20 printed, lines 4-23; 2: steps 1-20, 20 printed, lines 29-48, starting " \
         "where step 1 is printed again with different values (line 4: 1 s, line 29: 2 s)" in line
     code, _, err = run_import(capsys, log, "--segment", "2", out=tmp_path / "out")
@@ -457,7 +445,7 @@ def test_batch_ramp_within_the_counted_steps_is_refused(tmp_path, capsys):
     log.write_text("\n".join(lines) + "\n")
     code, _, err = run_import(capsys, log, out=tmp_path / "out")
     assert code == 2
-    line = error_line(err, "rampup.log")
+    line = import_error_line(err, "rampup.log")
     assert "changes within the counted steps (64 at step 11, 128 at step 21): a batch-size ramp" in line
     assert "--window 21:" in line
     code, _, err = run_import(capsys, log, "--window", "21:", out=tmp_path / "out")
@@ -473,7 +461,7 @@ def test_megatron_lines_without_the_batch_state_it_through_consumed_samples(tmp_
     code, _, err = run_import(capsys, log, *common, "--global-batch-size", "512", out=tmp_path)
     assert code == 2
     assert ("--global-batch-size 512 but the log says 1024 (line 2, from `global batch size:`, or `consumed samples:` "
-            "from one printed iteration to the next)") in error_line(err, "deepseek")
+            "from one printed iteration to the next)") in import_error_line(err, "deepseek")
     code, _, err = run_import(capsys, log, *common, out=tmp_path)
     assert code == 0, err
     summary = summary_of(tmp_path, log.stem)
@@ -482,7 +470,7 @@ def test_megatron_lines_without_the_batch_state_it_through_consumed_samples(tmp_
     uneven = tmp_path / "uneven.log"  # 5121 samples over 5 iterations is no whole batch: stated nowhere
     uneven.write_text(log.read_text().replace("56320", "56321").replace("61440", "61442"))
     code, _, err = run_import(capsys, uneven, *common, out=tmp_path)
-    assert code == 2 and "does not state the global batch size" in error_line(err, "uneven")
+    assert code == 2 and "does not state the global batch size" in import_error_line(err, "uneven")
 
 
 def test_iterations_printed_unevenly_apart_are_warned_about(tmp_path, capsys):
@@ -502,7 +490,7 @@ def test_a_window_between_two_printed_iterations_says_which_are_printed(tmp_path
                               out=tmp_path)
     assert code == 2
     assert ("--window 51:55 selects none (the log prints steps 50, 55, 60; a window A:B holds A to B-1)"
-            in error_line(err, "deepseek"))
+            in import_error_line(err, "deepseek"))
 
 
 def test_a_log_that_states_no_batch_needs_it_given(tmp_path, capsys):
@@ -510,7 +498,7 @@ def test_a_log_that_states_no_batch_needs_it_given(tmp_path, capsys):
     log.write_text("".join(f" iteration {i:8d}/      50 | elapsed time per iteration (ms): 1500.0 |\n"
                            for i in range(1, 21)))
     code, _, err = run_import(capsys, log, out=tmp_path / "out")
-    assert code == 2 and "does not state the global batch size (give --global-batch-size)" in error_line(err, "bare")
+    assert code == 2 and "does not state the global batch size (give --global-batch-size)" in import_error_line(err, "bare")
     code, _, err = run_import(capsys, log, "--global-batch-size", "64", out=tmp_path / "out")
     assert code == 0 and summary_of(tmp_path / "out", "bare")["batch"]["global_batch_size"] == 64
 
@@ -551,7 +539,7 @@ def test_an_image_is_a_clear_error(tmp_path, capsys):
     image = tmp_path / "plot.png"
     plt.plot([1, 2]), plt.savefig(image), plt.close()
     code, _, err = run_import(capsys, image, "--global-batch-size", "8", out=tmp_path / "out")
-    assert code == 2 and "binary data (NUL bytes), not a text log" in error_line(err, "plot.png")
+    assert code == 2 and "binary data (NUL bytes), not a text log" in import_error_line(err, "plot.png")
 
 
 def test_random_bytes_are_a_clear_error(tmp_path, capsys):
@@ -559,7 +547,7 @@ def test_random_bytes_are_a_clear_error(tmp_path, capsys):
     log = tmp_path / "noise.out"
     log.write_bytes(noise)
     code, _, err = run_import(capsys, log, "--global-batch-size", "8", out=tmp_path / "out")
-    assert code == 2 and "not UTF-8 text" in error_line(err, "noise.out")
+    assert code == 2 and "not UTF-8 text" in import_error_line(err, "noise.out")
 
 
 def test_a_file_named_like_an_event_file_that_is_not_one(tmp_path, capsys):
@@ -567,7 +555,7 @@ def test_a_file_named_like_an_event_file_that_is_not_one(tmp_path, capsys):
     fake.write_text(MEGATRON_LINE * 5)
     code, _, err = run_import(capsys, fake, "--global-batch-size", "8", out=tmp_path / "out")
     assert code == 2
-    assert "not a readable TensorBoard event file: record 1's header checksum does not match" in error_line(
+    assert "not a readable TensorBoard event file: record 1's header checksum does not match" in import_error_line(
         err, fake.name)
 
 
@@ -581,7 +569,7 @@ def test_an_event_file_cut_short_is_a_clear_error(tmp_path, capsys):
     (event,) = (tmp_path / "tb").glob("*tfevents*")
     event.write_bytes(event.read_bytes()[:-7])
     code, _, err = run_import(capsys, tmp_path / "tb", "--global-batch-size", "8", out=tmp_path / "out")
-    assert code == 2 and "is cut short" in error_line(err, event.name)
+    assert code == 2 and "is cut short" in import_error_line(err, event.name)
 
 
 def test_a_huge_line_without_breaks_is_read_in_bounded_memory(tmp_path, capsys):
@@ -644,14 +632,14 @@ def test_nothing_is_written_outside_the_output_dir(tmp_path, capsys):
     (out / "job").rename(tmp_path / "moved")
     (out / "job").symlink_to(tmp_path / "moved")
     code, _, err = run_import(capsys, log, "--window", "last", out=out)
-    assert code == 2 and "would be written outside --output-dir" in error_line(err, "job")
+    assert code == 2 and "would be written outside --output-dir" in import_error_line(err, "job")
 
 
 def test_the_same_input_twice_is_refused(tmp_path, capsys):
     log = tmp_path / "job.out"
     log.write_text(MEGATRON_LINE)
     code, _, err = run_import(capsys, [log, tmp_path / "." / "job.out"], out=tmp_path / "out")
-    assert code == 2 and "given twice" in error_line(err, "job.out")
+    assert code == 2 and "given twice" in import_error_line(err, "job.out")
 
 
 # ------------------------------------------------------------------------------- FLOPs per sample
@@ -896,7 +884,7 @@ def test_tensorboard_events_of_a_run_resumed_or_without_step_times_are_refused_s
     assert ("2 segments, as a job restarted into the same log prints them: 1: steps 1-20, 20 printed, values 1-20; "
             "2: steps 11-30, 20 printed, values 21-40, starting where step 11 is printed again with different values "
             "(value 11: 2 s, value 21: 3 s) (import one with --segment N, from 1, or --segment last; or import each "
-            "event file on its own)") in error_line(err, "resumed")
+            "event file on its own)") in import_error_line(err, "resumed")
     code, _, err = run_import(capsys, tmp_path / "resumed", "--global-batch-size", "8", "--segment", "last",
                               out=tmp_path / "out")
     assert code == 0, err
@@ -907,7 +895,7 @@ def test_tensorboard_events_of_a_run_resumed_or_without_step_times_are_refused_s
     writer.add_scalar("reduced_train_loss", 2.5, 0)
     writer.close()
     code, _, err = run_import(capsys, tmp_path / "loss-only", "--global-batch-size", "8", out=tmp_path / "out")
-    assert code == 2 and "no `train_step_timing in s` scalar in its event files" in error_line(err, "loss-only")
+    assert code == 2 and "no `train_step_timing in s` scalar in its event files" in import_error_line(err, "loss-only")
 
 
 def test_tensorboard_events_state_the_batch_through_nemo_s_global_batch_size_scalar(tmp_path, capsys):
@@ -924,11 +912,11 @@ def test_tensorboard_events_state_the_batch_through_nemo_s_global_batch_size_sca
         odd.add_scalar("train_step_timing in s", 2.0, step)
     odd.close()
     code, _, err = run_import(capsys, tmp_path / "odd", "--warmup", "0", out=tmp_path / "imported")
-    assert code == 2 and "does not state the global batch size" in error_line(err, "odd")
+    assert code == 2 and "does not state the global batch size" in import_error_line(err, "odd")
     code, _, err = run_import(capsys, tmp_path / "tb", "--global-batch-size", "128", out=tmp_path / "imported")
     assert code == 2
     assert ("--global-batch-size 128 but the log says 64 (step 11, from the `global_batch_size` scalar)"
-            in error_line(err, "tb"))
+            in import_error_line(err, "tb"))
     code, _, err = run_import(capsys, tmp_path / "tb", out=tmp_path / "imported")
     assert code == 0, err
     summary = summary_of(tmp_path / "imported", "tb")
@@ -944,7 +932,7 @@ def test_import_of_a_log_without_step_lines_names_the_file(tmp_path, capsys, con
     log = tmp_path / "job.out"
     log.write_text(content)
     code, _, err = run_import(capsys, log, "--global-batch-size", "8", out=tmp_path / "imported")
-    assert code == 2 and message in error_line(err, "job.out")
+    assert code == 2 and message in import_error_line(err, "job.out")
 
 
 def test_import_needs_the_facts_the_log_lacks(tmp_path, capsys):
@@ -979,7 +967,7 @@ def test_real_primus_tokens_per_gpu_that_disagree_with_the_given_facts_are_refus
     code, _, err = run_import(capsys, log, "--seq-length", "4096", "--num-gpus", "32", "--window", "last",
                               out=tmp_path)
     assert code == 2
-    line = error_line(err, log.name)
+    line = import_error_line(err, log.name)
     assert "the log states 246.7 tokens/s per GPU at iteration 424" in line and "--num-gpus 32 is 493.5" in line
     assert not (tmp_path / "primus_safe_rank63of64").exists()
     code, _, err = run_import(capsys, log, "--seq-length", "4096", "--num-gpus", "64", "--window", "last",
@@ -1069,7 +1057,7 @@ def test_a_log_whose_only_step_line_is_cut_says_so(tmp_path, capsys):
     cut.write_bytes(text[:text.index(b"2701.3") + 2])  # `2701.3/2712.7` written as far as `27`
     code, _, err = run_import(capsys, cut, "--seq-length", "4096", "--num-gpus", "32", out=tmp_path / "out")
     assert code == 2
-    assert "its only step line, line 1 (the last), looks cut (no line break" in error_line(err, "running.log")
+    assert "its only step line, line 1 (the last), looks cut (no line break" in import_error_line(err, "running.log")
 
 
 def test_a_cut_nemo2_line_is_not_read_as_a_step(tmp_path, capsys):
@@ -1260,6 +1248,6 @@ def test_a_summary_too_large_to_read_back_is_refused_and_steps_take_a_line_each(
     monkeypatch.setattr(command, "MAX_SUMMARY_BYTES", len(text.encode()) - 1)
     code, _, err = run_import(capsys, log, out=tmp_path / "refused")
     assert code == 2 and not (tmp_path / "refused" / "long").exists()
-    assert error_line(err, "long.log").endswith(
+    assert import_error_line(err, "long.log").endswith(
         "long.log: its summary, with every one of its 2,000 steps, would be 0 MiB, over the 0 MiB a summary is read "
         "from (import part of it with --window)")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import import_error_line, summary_of
 from nemo_throughput.cli import main
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 
@@ -33,18 +34,6 @@ def import_bridge(capsys, log, out, *extra, seq_length=1024, num_gpus=8):
                  str(num_gpus), "--output-dir", str(out), *map(str, extra)])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def summary_of(out, name):
-    return json.loads((out / name / "summary.json").read_text())
-
-
-def error_line(err, file_name):
-    """A failure is one `nemo-throughput import: <file>: <what> (<what to do>)` line, never a traceback."""
-    assert "Traceback" not in err
-    line = err.strip().splitlines()[-1]
-    assert line.startswith("nemo-throughput import: ") and file_name in line and line.endswith(")"), err
-    return line
 
 
 @pytest.mark.parametrize("fmt", [(), ("--format", "megatron")], ids=["detected", "format-megatron"])
@@ -108,7 +97,7 @@ def test_a_log_of_only_step_time_lines_says_what_is_missing(tmp_path, capsys):
     log.write_text("\n".join([REAL_STEP_TIME] * 3) + "\n")
     code, out, err = import_bridge(capsys, log, tmp_path / "out", "--flops-per-sample", "1e15")
     assert code != 0
-    line = error_line(err, "step-times.txt")
+    line = import_error_line(err, "step-times.txt")
     assert "only Megatron-Bridge `Step Time : ...` lines" in line and "elapsed time per iteration (ms)" in line
 
 

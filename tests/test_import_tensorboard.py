@@ -2,13 +2,12 @@
 with the real writer (torch.utils.tensorboard.SummaryWriter, the one both use) with the tags, steps
 and values their `training_log` writes; NeMo's event files beside them read as before."""
 
-import json
 import math
 import statistics
 
 import pytest
 
-from conftest import nemo_throughput_cli
+from conftest import import_error_line, nemo_throughput_cli, summary_of
 from nemo_throughput.cli import main
 
 SEQ, GPUS = 2048, 16
@@ -80,17 +79,6 @@ def run_import(capsys, log, *extra, out):
     return code, captured.out, captured.err
 
 
-def summary_of(out, name):
-    return json.loads((out / name / "summary.json").read_text())
-
-
-def error_line(err, name):
-    assert "Traceback" not in err
-    line = err.strip().splitlines()[-1]
-    assert line.startswith("nemo-throughput import: ") and name in line and line.endswith(")"), err
-    return line
-
-
 def alternating(iteration):
     """6 s for the first interval (warm-up), then 1.25 and 1.75 s in turn: exact in float32."""
     return 6.0 if iteration == 10 else (1.25 if (iteration // 10) % 2 == 0 else 1.75)
@@ -133,13 +121,13 @@ def test_megatron_bridge_event_file_with_a_window_of_the_last_values(tmp_path, c
     code, _, err = run_import(capsys, tmp_path / "bridge", "--global-batch-size", "512", out=tmp_path / "out")
     assert code == 2
     assert ("--global-batch-size 512 but the log says 256 (step 15, from the `batch-size` scalar)"
-            in error_line(err, "bridge"))
+            in import_error_line(err, "bridge"))
 
 
 def test_a_window_narrower_than_the_log_interval_says_what_it_measures(tmp_path, capsys):
     event_dir(tmp_path / "tb", range(1, 101), alternating)
     code, _, err = run_import(capsys, tmp_path / "tb", "--window", "35:38", out=tmp_path / "out")
-    assert code == 2 and "--window 35:38 selects none" in error_line(err, "tb")
+    assert code == 2 and "--window 35:38 selects none" in import_error_line(err, "tb")
     code, _, err = run_import(capsys, tmp_path / "tb", "--window", "38:41", out=tmp_path / "out")
     assert code == 0, err
     assert "spans 3 step(s), fewer than the log interval of 10" in err and "iterations 31-40" in err
@@ -158,7 +146,7 @@ def test_an_event_file_without_batch_size_needs_it_given_and_is_detected_by_its_
     (event,) = (tmp_path / "tb").glob("*tfevents*")
     renamed = event.rename(tmp_path / "megatron-events.bin")  # no `tfevents` in the name: told by its first record
     code, _, err = run_import(capsys, renamed, out=tmp_path / "out")
-    assert code == 2 and "does not state the global batch size (give --global-batch-size)" in error_line(
+    assert code == 2 and "does not state the global batch size (give --global-batch-size)" in import_error_line(
         err, "megatron-events.bin")
     code, _, err = run_import(capsys, renamed, "--global-batch-size", "64", "--format", "tensorboard",
                               out=tmp_path / "out")
@@ -201,7 +189,7 @@ def test_iteration_times_that_are_nan_zero_negative_or_beyond_any_run_are_left_o
     event_dir(tmp_path / "all-bad", range(1, 31), lambda it: math.nan)
     code, _, err = run_import(capsys, tmp_path / "all-bad", out=tmp_path / "out")
     assert code == 2 and "no step has a usable time: all 3 are zero, negative, NaN, infinite or over a day" in (
-        error_line(err, "all-bad"))
+        import_error_line(err, "all-bad"))
 
 
 @pytest.mark.parametrize("restarted_at, said, second", [
@@ -223,7 +211,7 @@ def test_steps_going_backward_in_one_file_are_segments_of_which_one_is_imported(
     writer.close()
     code, _, err = run_import(capsys, tmp_path / "tb", out=tmp_path / "out")
     assert code == 2
-    line = error_line(err, "tb")
+    line = import_error_line(err, "tb")
     assert ": 2 segments, as a job restarted into the same log prints them: 1: steps 10-50, 5 printed" in line
     assert f"starting where {said} (import one with --segment N, from 1, or --segment last" in line
     code, _, err = run_import(capsys, tmp_path / "tb", "--segment", "last", "--warmup", "0", out=tmp_path / "out")
@@ -250,7 +238,7 @@ def test_two_event_files_of_one_run(tmp_path, capsys):
     assert code == 2
     assert ("starting where step 40 is printed again with different values (value 4: 2 s, value 6: 1 s) (import one "
             "with --segment N, from 1, or --segment last; or import each event file on its own)") in \
-        error_line(err, "overlap")
+        import_error_line(err, "overlap")
 
 
 def test_event_files_holding_both_nemo_and_megatron_step_times_are_refused(tmp_path, capsys):
@@ -263,7 +251,7 @@ def test_event_files_holding_both_nemo_and_megatron_step_times_are_refused(tmp_p
     writer.close()
     code, _, err = run_import(capsys, tmp_path / "one-file", "--global-batch-size", "8", out=tmp_path / "out")
     assert code == 2
-    assert "both NeMo's `train_step_timing in s` scalar (events.out.tfevents." in error_line(err, "one-file")
+    assert "both NeMo's `train_step_timing in s` scalar (events.out.tfevents." in import_error_line(err, "one-file")
     assert "no run writes both (import each run's event files on their own)" in err
     nemo = SummaryWriter(tmp_path / "mixed" / "nemo")
     for step in range(30):
@@ -271,7 +259,7 @@ def test_event_files_holding_both_nemo_and_megatron_step_times_are_refused(tmp_p
     nemo.close()
     event_dir(tmp_path / "mixed" / "megatron", range(1, 31), lambda it: 2.0)
     code, _, err = run_import(capsys, tmp_path / "mixed", "--global-batch-size", "8", out=tmp_path / "out")
-    assert code == 2 and "and Megatron's `iteration-time` (events.out.tfevents." in error_line(err, "mixed")
+    assert code == 2 and "and Megatron's `iteration-time` (events.out.tfevents." in import_error_line(err, "mixed")
     assert not (tmp_path / "out").exists()
 
 
@@ -289,14 +277,14 @@ def test_event_files_without_step_times_name_the_flag_that_writes_them(tmp_path,
         assert code == 2
         assert ("Megatron-LM / Megatron-Bridge event files without the `iteration-time` scalar, which they write "
                 "only with --log-timers-to-tensorboard or Megatron-Bridge's logger.log_timers_to_tensorboard=True (run "
-                "with it, or import the job's text log with --format megatron)") in error_line(err, name)
+                "with it, or import the job's text log with --format megatron)") in import_error_line(err, name)
     other = SummaryWriter(tmp_path / "other")
     other.add_scalar("accuracy", 0.5, 1)
     other.close()
     code, _, err = run_import(capsys, tmp_path / "other", "--global-batch-size", "8", out=tmp_path / "out")
     assert code == 2
     assert ("no `train_step_timing in s` scalar in its event files, nor Megatron's `iteration-time`"
-            in error_line(err, "other"))
+            in import_error_line(err, "other"))
     assert "--log-timers-to-tensorboard" in err
 
 
@@ -305,5 +293,5 @@ def test_a_megatron_event_file_cut_short_is_a_clear_error(tmp_path, capsys):
     (event,) = (tmp_path / "tb").glob("*tfevents*")
     event.write_bytes(event.read_bytes()[:-5])  # the job killed while its writer flushed
     code, _, err = run_import(capsys, tmp_path / "tb", out=tmp_path / "out")
-    assert code == 2 and "not a readable TensorBoard event file: record" in error_line(err, event.name)
+    assert code == 2 and "not a readable TensorBoard event file: record" in import_error_line(err, event.name)
     assert "is cut short" in err
