@@ -64,7 +64,9 @@ class ThroughputConfig:
     """Model FLOPs per sample as published (e.g. a recipe's rounded `3.94e15`), used as is and
     recorded as `model.flops_formula: user`; the model shape is then optional (give `model_name`,
     and `seq_length` for tokens/s). Not together with `flops_formula: measured`. FLOPs, not TFLOPs: fewer
-    than 6 per token of `seq_length` (what training a token costs at least) are refused."""
+    than 6 per token of `seq_length` (what training a token costs at least) are refused. Where the model's
+    shape is known too, a figure more than 2 times from both FLOPs conventions' count for it is used, with a
+    warning naming the likely slip (per token, per global batch, GFLOPs, the forward pass only)."""
     rate: str = "auto"
     """The primary rate (`throughput.primary`): `tokens` (tokens/s; needs a sequence length),
     `samples` (samples/s: images, ...), or `auto`: tokens/s when `seq_length` is known, else samples/s."""

@@ -19,6 +19,7 @@ multiply-add as 2 FLOPs. Activation recomputation is not model FLOPs and is not 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -211,6 +212,35 @@ def flops_terms(spec: ModelSpec, formula: str = "megatron") -> tuple[float, floa
     causal = 0.5 if formula == "megatron" else 1.0
     per_token_pair = _TRAIN_PASSES * _FMA * 2 * query * causal * spec.num_layers
     return float(per_token), float(per_token_pair)
+
+
+# A flops_per_sample this far from every convention's count for the model's shape is another unit or another
+# count (per token, per batch, GFLOPs, the forward pass only): MFU divides by it all the same, so it is said.
+# The conventions themselves differ by less (causal attention halved or not: 1.7x at 128K tokens).
+FLOPS_UNLIKE_THE_SHAPE = 2.0
+
+
+def flops_unlike_the_shape(given: float, spec: ModelSpec, global_batch_size: int | None = None) -> str | None:
+    """Why a given ``flops_per_sample`` cannot be this shape's FLOPs per sample, in words, or None
+    where it is within FLOPS_UNLIKE_THE_SHAPE of a convention's count (FORMULAS)."""
+    counts = {formula: model_flops_per_sample(spec, formula) for formula in FORMULAS}
+    nearest = min(counts, key=lambda formula: abs(math.log(given / counts[formula])))
+    ratio = given / counts[nearest]
+    if 1 / FLOPS_UNLIKE_THE_SHAPE <= ratio <= FLOPS_UNLIKE_THE_SHAPE:
+        return None
+    return (f"flops_per_sample {given:.4g} is {ratio:.3g}x the {counts[nearest]:.4g} FLOPs the model's shape counts "
+            f"per {spec.seq_length:,}-token sample ({nearest!r}): {_slip(ratio, spec.seq_length, global_batch_size)} "
+            f"MFU divides by the {given:.4g} given.")
+
+
+def _slip(ratio: float, seq_length: int, global_batch_size: int | None) -> str:
+    """The likeliest slip that makes a given count ``ratio`` times the shape's."""
+    slips = [(1 / seq_length, "per token rather than per sample?"), (1e-9, "in GFLOPs?"), (1e-12, "in TFLOPs?"),
+             (1 / _TRAIN_PASSES, "the forward pass only (training is 3x)?")]
+    if global_batch_size and global_batch_size > 1:
+        slips.append((global_batch_size, "per global batch rather than per sample?"))
+    value, said = min(slips, key=lambda slip: abs(math.log(ratio / slip[0])))
+    return said if abs(math.log(ratio / value)) <= math.log(FLOPS_UNLIKE_THE_SHAPE) else "another model's count?"
 
 
 _OPTIONAL_INTS = ("ffn_hidden_size", "num_query_groups", "kv_channels", "num_moe_experts", "moe_ffn_hidden_size",

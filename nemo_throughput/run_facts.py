@@ -19,13 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_throughput import environment
 from nemo_throughput.config import ThroughputConfig, check_flops_settings
-from nemo_throughput.flops import FLOPS_FORMULAS, MEASURED, ModelSpec, model_flops_per_sample, require_positive_int
+from nemo_throughput.flops import (FLOPS_FORMULAS, MEASURED, ModelSpec, flops_unlike_the_shape, model_flops_per_sample,
+                                   require_positive_int)
 from nemo_throughput.hardware import LOW_PRECISION, device_name, resolve_peak
 from nemo_throughput.megatron_config import BatchRamp
+from nemo_throughput.text import package_logger
 from nemo_throughput.throughput import RATES, Workload
 
 if TYPE_CHECKING:
     import torch
+
+log = package_logger(__name__)
 
 USER_FLOPS = "user"  # model.flops_formula when flops_per_sample was given, not computed
 
@@ -204,7 +208,7 @@ def resolve_run_facts(config: ThroughputConfig, *, spec_fields: Mapping[str, Any
         model_name=model_name,
         model_spec=spec,
         flops_formula=config.flops_formula if config.flops_per_sample is None else USER_FLOPS,
-        flops_per_sample=_flops_per_sample(config, spec),
+        flops_per_sample=_flops_per_sample(config, spec, global_batch_size),
         gpu_name=gpu_name,
         num_gpus=world_size,
         num_nodes=num_nodes,
@@ -300,9 +304,13 @@ def _model_name(config: ThroughputConfig, spec: ModelSpec | None) -> str:
     return model_name
 
 
-def _flops_per_sample(config: ThroughputConfig, spec: ModelSpec | None) -> float | None:
-    """Given (say from a published table): used as is. Measured: None until the first step is counted."""
+def _flops_per_sample(config: ThroughputConfig, spec: ModelSpec | None, global_batch_size: int) -> float | None:
+    """Given (say from a published table): used as is, said where the model's shape counts far other.
+    Measured: None until the first step is counted."""
     if config.flops_per_sample is not None:
+        unlike = flops_unlike_the_shape(config.flops_per_sample, spec, global_batch_size) if spec else None
+        if unlike:
+            log.warning("nemo-throughput: %s", unlike)
         return float(config.flops_per_sample)
     if config.flops_formula == MEASURED:
         return None

@@ -12,6 +12,7 @@ from conftest import tiny_gpt_cfg
 from lightning_modules import tiny_lm
 from nemo_throughput import SCHEMA, ThroughputCallback
 from nemo_throughput.demo.gpt import DemoGPT
+from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 
 
 def fit_demo(tmp_path, quiet_trainer_kwargs, cfg=None, steps=12, accumulate=2, logger=False, **settings):
@@ -429,6 +430,18 @@ def test_flops_per_sample_given_with_a_known_shape_keeps_the_shape_but_not_its_f
     _, summary = fit_demo(tmp_path, quiet_trainer_kwargs, steps=3, flops_per_sample=1e9, warmup_steps=1)
     assert summary["model"]["flops_formula"] == "user" and summary["model"]["flops_per_sample"] == 1e9
     assert summary["model"]["spec"]["num_layers"] == 1
+
+
+def test_flops_per_sample_given_per_token_is_said_against_the_model_s_shape(tmp_path, quiet_trainer_kwargs, caplog):
+    """A count per token passes the 6-per-token floor and made MFU seq_length times too small without a word."""
+    demo = ModelSpec(num_layers=1, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, seq_length=16,
+                     vocab_size=128)  # tiny_gpt_cfg's shape, its vocabulary padded to 128
+    per_token = model_flops_per_sample(demo) / 16
+    with caplog.at_level("WARNING", logger="nemo_throughput"):
+        _, summary = fit_demo(tmp_path, quiet_trainer_kwargs, steps=2, flops_per_sample=per_token, warmup_steps=1)
+    assert f"flops_per_sample {per_token:.4g} is 0.06" in caplog.text, caplog.text
+    assert "per 16-token sample ('megatron'): per token rather than per sample? MFU divides by" in caplog.text
+    assert summary["model"]["flops_per_sample"] == per_token  # the user's count is still the one used
 
 
 def test_flops_per_sample_given_in_tflops_is_refused_before_training(tmp_path, quiet_trainer_kwargs):

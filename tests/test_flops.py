@@ -2,7 +2,7 @@
 
 import pytest
 
-from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.flops import ModelSpec, flops_unlike_the_shape, model_flops_per_sample
 from nemo_throughput.throughput import Workload, days_to_train, mfu
 
 LLAMA31_70B = ModelSpec(num_layers=80, hidden_size=8192, num_attention_heads=64, num_query_groups=8,
@@ -140,3 +140,33 @@ def test_check_fields_validates_a_partial_spec():
         ModelSpec.check_fields({"gated_linear_unit": "no"})
     with pytest.raises(ValueError, match=r"Unknown model_spec key\(s\) \['layers'\]"):
         ModelSpec.check_fields({"layers": 2})
+
+
+# --------------------------------------------------- a given flops_per_sample held against the shape's count
+LLAMA3_8B = ModelSpec(num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+                      ffn_hidden_size=14336, seq_length=8192, vocab_size=128256, gated_linear_unit=True)
+
+
+@pytest.mark.parametrize("factor, said", [
+    (1 / 8192, "per token rather than per sample?"),
+    (1e-9, "in GFLOPs?"),
+    (1e-12, "in TFLOPs?"),
+    (1 / 3, "the forward pass only (training is 3x)?"),
+    (128, "per global batch rather than per sample?"),  # the global batch below
+    (7.0, "another model's count?"),  # a 56B model's count, say
+])
+def test_a_given_flops_per_sample_far_from_the_shape_s_count_names_the_likely_slip(factor, said):
+    count = model_flops_per_sample(LLAMA3_8B, "megatron")
+    unlike = flops_unlike_the_shape(count * factor, LLAMA3_8B, global_batch_size=128)
+    assert unlike is not None and unlike.endswith(f": {said} MFU divides by the {count * factor:.4g} given."), unlike
+
+
+def test_either_convention_s_count_and_what_lies_between_them_are_not_said():
+    """The conventions differ by causal attention's half: 1.6x at 128K tokens; each is a right count."""
+    long = ModelSpec(**{**LLAMA3_8B.to_dict(), "seq_length": 131072})
+    megatron, dgxc = model_flops_per_sample(long, "megatron"), model_flops_per_sample(long, "dgxc")
+    assert dgxc / megatron > 1.5
+    for given in (megatron, dgxc, (megatron + dgxc) / 2, 1.9 * dgxc, megatron / 1.9):
+        assert flops_unlike_the_shape(given, long) is None
+    assert "2.1x the" in flops_unlike_the_shape(2.1 * dgxc, long) and "'dgxc'" in flops_unlike_the_shape(2.1 * dgxc, long)
+    assert flops_unlike_the_shape(megatron / 2.1, long).startswith(f"flops_per_sample {megatron / 2.1:.4g} is 0.476x")

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import import_error_line, nemo_throughput_cli, run_train_tiny, summary_of
 from nemo_throughput.cli import main
-from nemo_throughput.flops import model_flops_per_sample
+from nemo_throughput.flops import ModelSpec, model_flops_per_sample
 from nemo_throughput.importers.lines import WAITING
 from nemo_throughput.importers.nemo import tqdm_range
 from nemo_throughput.presets import preset
@@ -744,6 +744,21 @@ def test_a_peak_far_from_the_table_s_for_the_gpu_is_said(tmp_path, peak, said):
     assert (said in result.stderr) if said else "the table's" not in result.stderr, result.stderr
     hardware = summary_of(out, "megatron_lm_mixtral_issue756")["hardware"]
     assert (hardware["peak_tflops"], hardware["peak_source"]) == (float(peak), "user")
+
+
+@pytest.mark.parametrize("factor, said", [(1 / 2048, "per token rather than per sample?"), (1e-9, "in GFLOPs?"),
+                                          (1.0, None)])
+def test_flops_per_sample_far_from_the_model_s_count_is_said(tmp_path, capsys, factor, said):
+    """A count per token (or in GFLOPs) passes the 6-per-token floor with a real model, and made MFU 2048x
+    (1e9x) too small without a word; the model's shape is there to hold it against."""
+    spec = ModelSpec.from_dict({**preset("mixtral-8x7b").to_dict(), "seq_length": 2048})
+    given = model_flops_per_sample(spec, "megatron") * factor
+    code, _, err = run_import(capsys, DATA / "megatron_lm_mixtral_issue756.log", "--flops-per-sample", given,
+                              out=tmp_path, model=("--model", "mixtral-8x7b"))
+    assert code == 0, err
+    assert (f"warning: flops_per_sample {given:.4g} is " in err and f": {said} MFU divides by" in err) if said \
+        else "warning: flops_per_sample" not in err, err
+    assert summary_of(tmp_path, "megatron_lm_mixtral_issue756")["model"]["flops_per_sample"] == pytest.approx(given)
 
 
 def test_the_model_or_its_flops_must_be_given(tmp_path, capsys):

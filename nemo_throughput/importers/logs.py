@@ -25,7 +25,7 @@ from typing import Any
 from nemo_throughput import environment
 from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import network
-from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.flops import ModelSpec, flops_unlike_the_shape, model_flops_per_sample
 from nemo_throughput.hardware import resolve_peak
 from nemo_throughput.importers import megatron, nemo, segments, tensorboard
 from nemo_throughput.importers.lines import Line, check_text, cut_reason, read_lines, read_once
@@ -208,7 +208,8 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]})
     summary = build_summary(facts, stats, "completed", explained={"network": network_section}, log_timing=log_timing)
     notes = (_notes(read, bad) + _window_notes(read, valid, measured, window) + _spacing_notes(read, measured)
-             + _above_peak_notes(facts, summary) + _half_a_peak_notes(gpu_name, dtype, peak))
+             + _above_peak_notes(facts, summary) + _half_a_peak_notes(gpu_name, dtype, peak)
+             + _flops_notes(facts))
     if tokens_checked:
         notes.append(f"the log's own tokens/s per GPU agree with --seq-length {seq_length} and --num-gpus {num_gpus} "
                      f"({tokens_checked} line(s) checked)")
@@ -267,6 +268,14 @@ def _above_peak_notes(facts: RunFacts, summary: dict[str, Any]) -> list[str]:
     if above_peak is None:
         return []
     return ["warning: " + mfu_above_peak_warning(facts, above_peak).removeprefix("nemo-throughput: ")]
+
+
+def _flops_notes(facts: RunFacts) -> list[str]:
+    """--flops-per-sample far from what the --model's shape counts: likely another unit (flops.flops_unlike_the_shape)."""
+    if facts.flops_formula != USER_FLOPS or facts.model_spec is None:
+        return []
+    unlike = flops_unlike_the_shape(facts.flops_per_sample, facts.model_spec, facts.global_batch_size)
+    return [f"warning: {unlike}"] if unlike else []
 
 
 def _half_a_peak_notes(gpu_name: str | None, dtype: str | None, peak: float | None) -> list[str]:
