@@ -271,7 +271,7 @@ def test_megatron_process_start_after_a_step_starts_a_segment_that_resumes_forwa
     log.write_text("".join([MEGATRON_START, *lines[:3], MEGATRON_START, MEGATRON_START, *lines[3:]]))
     code, _, err = run_import(capsys, log, "--warmup", "0", out=tmp_path / "out")
     assert code == 2 and "1: steps 43-45, 3 printed, lines 2-4; 2: steps 71-73, 3 printed, lines 7-9, starting " \
-        "where a process starts at line 5 (`> initializing torch distributed`)" in err  # the first banner, once
+        "where a process starts at line 6 (`> initializing torch distributed`)" in err  # the latest banner, once
     code, _, err = run_import(capsys, log, "--warmup", "0", "--segment", "last", out=tmp_path / "out")
     assert code == 0, err
     assert steps_of(summary_of(tmp_path / "out", "forward")) == [71, 72, 73]

@@ -144,16 +144,29 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
 def _feed_all_but_the_last(path: Path, module: ModuleType, reader: Any,
                            rank: str | None) -> tuple[Line | None, Line | None]:
     """Feed ``rank``'s step lines but the last, which is read once the file ends, as it may be cut (5444.9
-    printed as 54): (the step line before it, it). Process starts (banners) of any rank cut segments."""
+    printed as 54): (the step line before it, it). A process start (banner) between two step lines opens a
+    segment at the second; where one line holds both, the step was printed first (a killed process's last
+    progress bar, the next process's first line glued to it)."""
     before = last = None
+    banner: str | None = None  # where the latest process start since the last step line is, and what it is
     for line in read_lines(path):
-        if module.starts_process(line.text):  # rank 0 prints it; Megatron's last rank prints the steps
-            reader.log.restarted_at(line.number, f"a process starts at line {line.number} ({module.PROCESS_START})")
-        elif line.rank == rank and module.matches(line.text):
+        if line.rank == rank and module.matches(line.text):
             if last is not None:
                 reader.feed(last)
+            if banner is not None:  # after the steps printed before it, before the ones after it
+                reader.log.restarted(banner)
+                banner = None
             before, last = last, line
+        if module.starts_process(line.text) and _banner_counts(module, line, rank):
+            banner = f"a process starts at line {line.number} ({module.PROCESS_START})"
     return before, last
+
+
+def _banner_counts(module: ModuleType, line: Line, rank: str | None) -> bool:
+    """Megatron's rank 0 prints its banner and its last rank the steps: any rank's counts. NeMo's banner
+    comes from the process that prints the steps: another rank's, late in an interleaved log, is not a
+    restart of the one read."""
+    return line.rank == rank or not getattr(module, "BANNER_ON_STEP_RANK", False)
 
 
 def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | None, seq_length: int,

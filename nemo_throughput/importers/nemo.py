@@ -37,7 +37,14 @@ from nemo_throughput.importers.steps import Step, StepLog
 
 NAME = "nemo"
 TAG = "train_step_timing in s"
-PROCESS_START = None  # no banner: see starts_process
+# Lightning's word, once a fit has restored a checkpoint (`_CheckpointConnector.resume_end`, rank_zero_info:
+# global rank 0, the rank that prints NeMo's steps): "... checkpoint file at" before Lightning 2.0, "...
+# checkpoint at" since. A NeMo process that resumes, even past the last printed step, prints it before its
+# first step; one that does not resume starts again from step 1, which its steps show. NeMo 1.x also prints
+# it after the last step when it restores the best checkpoint at the end of training: no step follows it.
+_RESUMED = re.compile(r"Restored all states from the checkpoint (?:file )?at ")
+PROCESS_START = "`Restored all states from the checkpoint`: a run resumed"
+BANNER_ON_STEP_RANK = True  # printed by the process whose steps are read: another rank's is not this process's
 BATCH_ORIGIN = "NeMo 2's `global_batch_size:`; NeMo 1.x's consumed_samples / steps"
 
 _NUMBER = r"[-+]?(?:nan|inf)(?:\.0*)?|[-+]?\d*\.?\d+(?:e[-+]?\d+)?"
@@ -58,11 +65,9 @@ def matches(text: str) -> bool:
 
 
 def starts_process(text: str) -> bool:
-    """NeMo prints no banner of its own as a process starts: Lightning's `Initializing distributed:`
-    goes through Python logging, shown or not as the run configured it, so a restart into the log
-    is known only from its steps."""
-    del text
-    return False
+    """Whether a line says a NeMo process resumed from a checkpoint (see above). Anywhere in the line: a
+    killed process's last progress bar has no line break, so the next process's first line is glued to it."""
+    return _RESUMED.search(text) is not None
 
 
 def is_whole(text: str) -> bool:

@@ -50,17 +50,17 @@ class StepLog:
     split: str = ("or several ranks print without a rank prefix: run with srun --label or torchrun "
                   "--tee")  # what else a new segment can mean, and what to do about it
     segments: list[Segment] = field(default_factory=lambda: [Segment()])
-    _restart: tuple[int, str] | None = field(default=None, init=False, repr=False)  # a banner not yet followed
+    _restart: str | None = field(default=None, init=False, repr=False)  # why the next step opens a segment
 
     @property
     def steps(self) -> list[Step]:
         """Every segment's steps, in the order printed."""
         return [step for segment in self.segments for step in segment.steps]
 
-    def restarted_at(self, place: int, why: str) -> None:
-        """A process start seen at ``place`` (a restart banner): the next step after it opens a segment."""
-        if self._restart is None:
-            self._restart = (place, why)
+    def restarted(self, why: str) -> None:
+        """A process started (a restart banner), told once the steps printed before it are added: the next
+        step added opens a segment."""
+        self._restart = why
 
     def add(self, step: Step) -> None:
         current = self.segments[-1]
@@ -74,8 +74,8 @@ class StepLog:
         current.append(step)
 
     def _new_segment_reason(self, current: Segment, seen: Step | None, step: Step) -> str | None:
-        if self._restart is not None and self._restart[0] < step.line:  # steps are fed after later lines
-            why, self._restart = self._restart[1], None
+        if self._restart is not None:
+            why, self._restart = self._restart, None
             return why
         if seen is not None:
             return (f"step {step.step} is printed again with different values ({self.place} {seen.line}: "
