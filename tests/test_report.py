@@ -100,6 +100,7 @@ def test_comparison_against_a_baseline_and_its_sign(tmp_path):
     assert set(data["comparisons"][0]) >= {"model", "num_nodes", "baseline", "other", "diff_pct"}
     csv_text = render(report, "csv")
     assert csv_text.splitlines()[0].startswith("label,model,num_nodes,num_gpus,runs,tokens_per_s")
+
     assert "model,num_nodes,num_gpus,baseline,other" in csv_text
     assert render(report, "markdown").startswith("| label | model | nodes |")
 
@@ -238,3 +239,19 @@ def test_runs_rated_in_samples_get_their_own_scaling_table_and_comparison(tmp_pa
                                                             "samples_per_s_per_gpu")
     plot = tmp_path / "scaling.png"
     assert main(["report", str(tmp_path), "--plot", str(plot)]) == 0 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_baseline_comparison_says_how_many_runs_each_side_averaged(tmp_path):
+    """Three bare-metal repeats against one kubernetes run: a diff over one run is weaker evidence."""
+    runs = [load_run(write_run(tmp_path / name / "summary.json", label=label, step_times=[s]))
+            for name, label, s in (("b1", "bare-metal", 1.0), ("b2", "bare-metal", 1.01), ("b3", "bare-metal", 0.99),
+                                   ("k1", "kubernetes", 1.04))]
+    report = build_report(runs, baseline="bare-metal")
+    header, _, row = render(report, "table").split("\n\n")[1].splitlines()
+    assert header.split()[3:7] == ["baseline", "runs", "other", "runs"] and row.split()[3:7] == [
+        "bare-metal", "3", "kubernetes", "1"]
+    (compared,) = json.loads(render(report, "json"))["comparisons"]
+    assert (compared["baseline_runs"], compared["other_runs"]) == (3, 1)
+    comparisons = render(report, "csv").split("\n\n")[1].splitlines()
+    assert comparisons[0].split(",")[5:7] == ["baseline_runs", "other_runs"] and comparisons[1].split(",")[5:7] == [
+        "3", "1"]

@@ -124,6 +124,8 @@ class Comparison:
     num_gpus: int
     baseline: str
     other: str
+    baseline_runs: int  # the runs each side's mean is over
+    other_runs: int
     baseline_tokens_per_s: float | None
     other_tokens_per_s: float | None
     diff_pct: float  # 100 * (baseline - other) / baseline: positive when `other` is slower
@@ -444,7 +446,8 @@ def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str 
                             "compared")
         samples = base.unit == "samples"  # the same model and set-up: the same unit
         comparisons.append(Comparison(
-            model=model, num_nodes=nodes, num_gpus=gpus, baseline=baseline, other=label,
+            model=model, num_nodes=nodes, num_gpus=gpus, baseline=baseline, other=label, baseline_runs=base.runs,
+            other_runs=other.runs,
             baseline_tokens_per_s=base.tokens_per_s, other_tokens_per_s=other.tokens_per_s,
             diff_pct=100.0 * (base.rate - other.rate) / base.rate, unit=base.unit,
             baseline_samples_per_s=base.samples_per_s if samples else None,

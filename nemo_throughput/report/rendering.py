@@ -142,11 +142,12 @@ def _count(tokens: float) -> str:
 
 
 def _comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    header = ["model", "nodes", "GPUs", "baseline", "other", "baseline tokens/s", "other tokens/s", "diff %"]
+    header = ["model", "nodes", "GPUs", "baseline", "runs", "other", "runs", "baseline tokens/s", "other tokens/s",
+              "diff %"]
     if report.has_samples:
-        header[5:7] = ["baseline rate", "other rate"]
-    rows = [[c.model, str(c.num_nodes), str(c.num_gpus), c.baseline, c.other, *_compared_rates(c, report.has_samples),
-             f"{c.diff_pct:+.2f}"] for c in report.comparisons]
+        header[7:9] = ["baseline rate", "other rate"]
+    rows = [[c.model, str(c.num_nodes), str(c.num_gpus), c.baseline, str(c.baseline_runs), c.other, str(c.other_runs),
+             *_compared_rates(c, report.has_samples), f"{c.diff_pct:+.2f}"] for c in report.comparisons]
     return header, rows
 
 
