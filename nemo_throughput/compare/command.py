@@ -13,7 +13,7 @@ import sys
 
 from nemo_throughput.compare.comparison import DEFAULT_THRESHOLD_PCT, METRICS, compare
 from nemo_throughput.compare.render import render
-from nemo_throughput.compare.sides import load_side
+from nemo_throughput.compare.sides import load_side, shared_runs
 from nemo_throughput.errors import ReportError
 from nemo_throughput.text import printable
 
@@ -67,9 +67,10 @@ def run_compare(args: argparse.Namespace) -> int:
         return UNUSABLE
     for note in dict.fromkeys([*baseline.notes, *candidate.notes, *comparison.notes]):  # a run on both sides: once
         say(f"note: {note}")
-    shared = set(baseline.run_ids) & set(candidate.run_ids)
+    shared = shared_runs(baseline, candidate)
     if shared:
-        say(f"note: {len(shared)} run(s) are on both sides (the same run.id): the two sides are not independent")
+        say(f"note: {shared} run(s) are on both sides (the same run.id, or segments of one resumed run): the two "
+            "sides are not independent")
     sys.stdout.write(render(comparison, args.format))
     return SLOWER if comparison.slower else NOT_SLOWER
 

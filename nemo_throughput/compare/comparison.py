@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_throughput.compare.sides import Side, differences
-from nemo_throughput.report.comparable import describe
+from nemo_throughput.report.comparable import describe, warmup_note
 from nemo_throughput.compare.stats import Interval, Noise, interval, one_run_noise, runs_noise
 from nemo_throughput.errors import ReportError
 from nemo_throughput.text import printable
@@ -85,7 +85,7 @@ class Comparison:
 
 def side_record(side: Side) -> dict[str, Any]:
     return {"path": side.given, "runs": len(side.runs), "labels": side.labels,
-            "files": [str(run.path) for run in side.runs], "configuration": side.configuration}
+            "files": [str(path) for run in side.runs for path in run.paths], "configuration": side.configuration}
 
 
 def compare(baseline: Side, candidate: Side, metrics: list[str] | None = None,
@@ -101,6 +101,8 @@ def compare(baseline: Side, candidate: Side, metrics: list[str] | None = None,
              "to the other side's noise (rounded log values?)"
              for role, side in (("baseline", baseline), ("candidate", candidate))
              if len(side.runs) > 1 and len({run.step_time_s for run in side.runs}) == 1]
+    warmups = warmup_note([*baseline.runs, *candidate.runs], "the baseline and the candidate")
+    notes += [warmups] if warmups else []
     names = metrics or default_metrics(baseline, candidate, notes)
     compared = [compare_metric(METRICS[name], baseline, candidate, threshold_pct) for name in names]
     return Comparison(baseline, candidate, threshold_pct, compared, found, unknown, notes)

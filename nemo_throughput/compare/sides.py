@@ -29,6 +29,7 @@ from nemo_throughput.report.comparable import (
 )
 from nemo_throughput.report.fields import is_count, is_positive_finite, shown
 from nemo_throughput.report.runs import IncompleteRun, Run, find_summaries, load_run, read_steps_jsonl
+from nemo_throughput.report.segments import join_segments
 from nemo_throughput.summary import MAX_SUMMARY_BYTES, STEPS_FILE, read_summary
 from nemo_throughput.text import printable
 from nemo_throughput.window import Window
@@ -39,12 +40,12 @@ MAX_RUNS = 1000  # summaries on one side: repeats, not a file system
 
 @dataclass
 class Side:
-    """One side: its completed runs, one configuration; `step_times`: its single run's counted
-    steps in step order (None: several runs, or not known, `steps_note` says why)."""
+    """One side: its completed runs (a resumed run's segments joined into one), one configuration;
+    `step_times`: its single run's counted steps in step order (None: several runs, or not known,
+    `steps_note` says why)."""
 
     given: str  # the path as the user gave it
     runs: list[Run]
-    run_ids: list[RunIdentity]  # each run's identity (comparable.run_identity)
     configuration: dict[str, Any]  # comparable.CONFIGURATION -> value (None: not known)
     step_times: list[float] | None = None
     steps_note: str | None = None
@@ -59,7 +60,7 @@ def load_side(given: str) -> Side:
     """The completed runs under `given` (a summary file or a directory of them); ReportError naming
     the file when any is unusable, when none completed, or when they are not one configuration."""
     paths = summary_paths(given)
-    runs, documents, notes = [], [], []
+    runs, documents, notes = [], {}, []
     for path in paths:
         try:
             run, document = _load(path)
@@ -68,12 +69,14 @@ def load_side(given: str) -> Side:
             continue
         notes += run.notes
         runs.append(run)
-        documents.append(document)
+        documents[path] = document
     if not runs:
         raise ReportError(f"{given}: no completed run to compare (runs that did not complete are left out)")
-    side = Side(given, runs, _distinct_run_ids(runs), _one_configuration(given, runs), notes=notes)
+    _require_distinct_runs(runs)
+    runs, joined = join_segments(runs)
+    side = Side(given, runs, _one_configuration(given, runs), notes=notes + joined)
     if len(runs) == 1:
-        side.step_times, side.steps_note = counted_steps(runs[0], documents[0])
+        side.step_times, side.steps_note = _segments_steps(runs[0], documents)
         if side.step_times is not None and len(side.step_times) < BATCHES_NEEDED * MIN_BATCH_STEPS:
             side.steps_note = (f"its {len(side.step_times)} counted step(s) are too few to estimate its noise (batch "
                                f"means need {BATCHES_NEEDED * MIN_BATCH_STEPS})")
@@ -129,8 +132,8 @@ def _load(path: Path) -> tuple[Run, dict[str, Any]]:
     return run, document
 
 
-def _distinct_run_ids(runs: list[Run]) -> list[RunIdentity]:
-    """Each run once: a copy of a summary (or a log imported twice) counted as a repeat would make
+def _require_distinct_runs(runs: list[Run]) -> None:
+    """Each summary once: a copy of a summary (or a log imported twice) counted as a repeat would make
     the noise look smaller."""
     seen: dict[RunIdentity, Path] = {}
     for run in runs:
@@ -138,7 +141,24 @@ def _distinct_run_ids(runs: list[Run]) -> list[RunIdentity]:
             raise ReportError(f"{printable(seen[run.identity])} and {printable(run.path)} are the same run "
                               f"({run.identity.shown}): a copy counted as a repeat would understate the noise; keep one")
         seen[run.identity] = run.path
-    return list(seen)
+
+
+def shared_runs(baseline: Side, candidate: Side) -> int:
+    """How many runs are on both sides: the same summary, or segments of one resumed run."""
+    def keys(side: Side) -> set[str]:
+        return {run.resumed.run_id if run.resumed else run.identity.key for run in side.runs}
+    return len(keys(baseline) & keys(candidate))
+
+
+def _segments_steps(run: Run, documents: dict[Path, dict[str, Any]]) -> tuple[list[float] | None, str | None]:
+    """counted_steps of a run, of each of its segments in turn for a resumed run."""
+    times: list[float] = []
+    for segment in run.segments or [run]:
+        steps, why = counted_steps(segment, documents[segment.path])
+        if steps is None:
+            return None, why if not run.segments else f"segment {segment.resumed.segment}: {why}"
+        times += steps
+    return times, None
 
 
 def _one_configuration(given: str, runs: list[Run]) -> dict[str, Any]:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from nemo_throughput.errors import ReportError
@@ -142,11 +145,55 @@ def distinct_runs(runs: list[Run]) -> tuple[list[Run], list[str]]:
         if original is run:
             kept.append(run)
             continue
-        names = differing([configuration(original), configuration(run)])
-        if original.label != run.label or names:
-            what = ", ".join((["label"] if original.label != run.label else []) + names)
+        what = disagreeing([original, run])
+        if what:
             raise ReportError(f"{printable(original.path)} and {printable(run.path)} are the same run "
-                              f"({run.identity.shown}) but differ in {what}; keep the one whose facts are right")
+                              f"({run.identity.shown}) but differ in {', '.join(what)}; keep the one whose facts "
+                              "are right")
         notes.append(f"{printable(run.path)} is the same run as {printable(original.path)} ({run.identity.shown}): "
                      "counted once")
     return kept, notes
+
+
+def disagreeing(runs: list[Run]) -> list[str]:
+    """What summaries of one run differ in, of the label and the configuration (nothing may)."""
+    label = ["label"] if len({run.label for run in runs}) > 1 else []
+    return label + differing([configuration(run) for run in runs])
+
+
+def warmup_note(runs: list[Run], what: str) -> str | None:
+    """A note where runs averaged or compared left out different warm-ups before their counted steps
+    (an imported log from step 11, a run after 20 warm-up steps): legitimate choices, but a shorter
+    warm-up may count slow early steps, so each run's is named; None where they agree."""
+    known = [run for run in runs if run.warmup is not None]
+    if len({run.warmup.steps for run in known}) < 2:
+        return None
+    each = "; ".join(f"{printable(run.path)}: {run.warmup.steps} ({run.warmup.shown})" for run in known)
+    return (f"{what}: the runs left out different numbers of warm-up steps before the steps they count ({each}); "
+            "they are used as they are: a short warm-up may count slow early steps (give each the same warm-up, "
+            "or the same --window)")
+
+
+# A value of a configuration made of several runs (or one run of several segments): only when every
+# run has it, never that of some runs passed off as all of theirs.
+def mean_of_all(values: Sequence[float | None], weights: Sequence[float] | None = None) -> float | None:
+    return None if None in values else statistics.fmean(values, weights)
+
+
+def max_of_all(values: Sequence[float | None]) -> float | None:
+    return None if None in values else max(values)
+
+
+def network_names(networks: set[str | None]) -> list[str]:
+    """Network labels in order, unknown for a run that names none."""
+    return sorted(network or UNKNOWN for network in networks)
+
+
+def mixed_networks(networks: set[str | None]) -> str:
+    """Runs (or segments) over several networks: `mixed (RDMA, TCP)`."""
+    return f"mixed ({', '.join(network_names(networks))})"
+
+
+def slowest_of(stragglers: Sequence[Any]) -> Any:
+    """The straggler furthest above its run's median rank; None unless every run names one."""
+    return None if None in stragglers or not stragglers else max(stragglers, key=attrgetter("excess_pct"))

@@ -21,9 +21,16 @@ from nemo_throughput.report.comparable import (
     differences_by_file,
     differing,
     distinct_runs,
+    max_of_all,
+    mean_of_all,
+    mixed_networks,
+    network_names,
+    slowest_of,
+    warmup_note,
 )
 from nemo_throughput.report.goodput import goodput_records
 from nemo_throughput.report.runs import PHASES, PROFILE_FRACTIONS, ReportError, Run
+from nemo_throughput.report.segments import join_segments
 from nemo_throughput.report.time_to_train import TrainGroup, time_to_train_records
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import days_to_train
@@ -221,6 +228,8 @@ def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = N
         raise ReportError(f"group by {group_by!r}: use one of {GROUP_BY}")
     _require_distinct_when_printed(runs)
     runs, notes = distinct_runs(runs)
+    runs, joined = join_segments(runs)
+    notes += joined
     try:
         groups = [_group(members, tokens, group_by, notes) for members in _by_configuration(runs, group_by).values()]
         groups.sort(key=lambda g: (g.model, g.label, g.num_gpus))
@@ -229,7 +238,7 @@ def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = N
         if baseline is not None and baseline not in labels:
             what = "network label" if group_by == "network" else "label"
             raise ReportError(f"--baseline {baseline!r} is not a {what} of these runs; their {what}s are {labels}")
-        comparisons = _compare(groups, runs, baseline, group_by) if baseline else []
+        comparisons = _compare(groups, runs, baseline, group_by, notes) if baseline else []
     except OverflowError as error:
         raise ReportError(f"the numbers of these runs overflow when combined ({error}); check --tokens and the "
                           "summaries' step times and batch sizes") from error
@@ -299,6 +308,7 @@ def _group(runs: list[Run], tokens: float, group_by: str, notes: list[str]) -> G
     label = grouping_label(first, group_by)
     what = f"{printable(label)} / {printable(first.model)} / {first.num_nodes} nodes"
     _require_same_setup(runs, what)
+    _note_warmups(runs, what, notes)
     per_run = [run.workload.metrics(run.step_time_s) for run in runs]
     mfus = [m["mfu"] for m in per_run]
     tflops = [m["model_tflops_per_gpu"] for m in per_run]
@@ -314,7 +324,7 @@ def _group(runs: list[Run], tokens: float, group_by: str, notes: list[str]) -> G
         days_to_train=days_to_train(tokens, token_rates[0]) if token_rates else None,
         global_batch_size=first.global_batch_size, seq_length=first.seq_length,
         samples_per_s=samples[0], samples_per_s_std=samples[1], samples_per_s_per_gpu=samples[2], unit=first.unit,
-        files=[str(run.path) for run in runs],
+        files=[str(path) for run in runs for path in run.paths],
         **explained_values(runs, what, notes),
     )
 
@@ -330,25 +340,17 @@ def explained_values(runs: list[Run], what: str, notes: list[str]) -> dict[str, 
     explanations = [run.explanation for run in runs]
     values: dict[str, Any] = {"network": _network(runs, what, notes)}
     for name in PROFILE_FRACTIONS:
-        values[f"{name}_share"] = _mean_of_all([e.fractions[name] for e in explanations])
+        values[f"{name}_share"] = mean_of_all([e.fractions[name] for e in explanations])
     for name in PHASES:
-        values[f"{name}_s"] = _mean_of_all([e.phases_s[name] for e in explanations])
+        values[f"{name}_s"] = mean_of_all([e.phases_s[name] for e in explanations])
     for name in ("memory_peak_reserved_gib", "memory_peak_allocated_gib"):
-        values[name] = _max_of_all([getattr(e, name) for e in explanations])
+        values[name] = max_of_all([getattr(e, name) for e in explanations])
     for name in ("sm_clock_mhz", "power_w", "joules_per_token"):
-        values[name] = _mean_of_all([getattr(e, name) for e in explanations])
+        values[name] = mean_of_all([getattr(e, name) for e in explanations])
     values["probe_busbw_gbps"] = _probe_means(explanations)
     values.update(_largest_all_reduce(values["probe_busbw_gbps"]))
     values.update(_slowest(explanations))
     return values
-
-
-def _mean_of_all(values: list[float | None]) -> float | None:
-    return None if None in values else statistics.fmean(values)
-
-
-def _max_of_all(values: list[float | None]) -> float | None:
-    return None if None in values else max(values)
 
 
 def _network(runs: list[Run], what: str, notes: list[str]) -> str | None:
@@ -356,16 +358,15 @@ def _network(runs: list[Run], what: str, notes: list[str]) -> str | None:
     labels = {run.explanation.network for run in runs}
     if len(labels) == 1:
         return labels.pop()
-    names = sorted(label or UNKNOWN_NETWORK for label in labels)
-    notes.append(f"runs of {what} differ in network ({', '.join(map(printable, names))}); their tokens/s are "
-                 "averaged as one configuration: give them different labels, or use --group-by network")
-    return f"mixed ({', '.join(names)})"
+    notes.append(f"runs of {what} differ in network ({', '.join(map(printable, network_names(labels)))}); their "
+                 "tokens/s are averaged as one configuration: give them different labels, or use --group-by network")
+    return mixed_networks(labels)
 
 
 def _probe_means(explanations: list[Any]) -> dict[tuple[str, int], float | None]:
     """Mean busbw per (collective, bytes) over the runs; None where some run lacks it."""
     keys = {key for e in explanations for key in e.probe_busbw_gbps}
-    return {key: _mean_of_all([e.probe_busbw_gbps.get(key) for e in explanations]) for key in keys}
+    return {key: mean_of_all([e.probe_busbw_gbps.get(key) for e in explanations]) for key in keys}
 
 
 def _largest_all_reduce(busbw: dict[tuple[str, int], float | None]) -> dict[str, Any]:
@@ -377,10 +378,9 @@ def _largest_all_reduce(busbw: dict[tuple[str, int], float | None]) -> dict[str,
 
 def _slowest(explanations: list[Any]) -> dict[str, Any]:
     """The slowest rank of the run in which it was furthest above the median (every run must name one)."""
-    stragglers = [e.straggler for e in explanations]
-    if None in stragglers:
+    worst = slowest_of([e.straggler for e in explanations])
+    if worst is None:
         return {}
-    worst = max(stragglers, key=attrgetter("excess_pct"))
     return {"straggler_rank": worst.rank, "straggler_host": worst.host, "straggler_gpu_index": worst.gpu_index,
             "straggler_metric": worst.metric, "straggler_excess_pct": worst.excess_pct}
 
@@ -433,7 +433,14 @@ def _off_the_curve(group: Group, run: Run, smallest: Group, reference: Run) -> s
             "that change as scaling (give each set-up its own label)")
 
 
-def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str = "label") -> list[Comparison]:
+def _note_warmups(runs: list[Run], what: str, notes: list[str]) -> None:
+    note = warmup_note(runs, what)
+    if note is not None:
+        notes.append(note)
+
+
+def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str, notes: list[str]
+             ) -> list[Comparison]:
     by_key = {(g.label, g.model, g.num_nodes, g.num_gpus): g for g in groups}
     runs_by_key = _by_configuration(runs, group_by)
     comparisons = []
@@ -441,9 +448,11 @@ def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str 
         base = by_key.get((baseline, model, nodes, gpus))
         if label == baseline or base is None:
             continue
-        _require_same_setup(runs_by_key[(baseline, model, nodes, gpus)] + runs_by_key[(label, model, nodes, gpus)],
-                            f"{printable(model)} at {nodes} nodes under {baseline!r} and {label!r}", ENVIRONMENTS,
-                            "compared")
+        sides = runs_by_key[(baseline, model, nodes, gpus)], runs_by_key[(label, model, nodes, gpus)]
+        what = f"{printable(model)} at {nodes} nodes under {baseline!r} and {label!r}"
+        _require_same_setup([*sides[0], *sides[1]], what, ENVIRONMENTS, "compared")
+        if not any(warmup_note(side, what) for side in sides):  # else its configuration's note says it
+            _note_warmups([*sides[0], *sides[1]], what, notes)
         samples = base.unit == "samples"  # the same model and set-up: the same unit
         comparisons.append(Comparison(
             model=model, num_nodes=nodes, num_gpus=gpus, baseline=baseline, other=label, baseline_runs=base.runs,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.errors import ReportError
+from nemo_throughput.goodput_segments import is_id
 from nemo_throughput.report.comparable import RunIdentity, canonical, run_identity
 from nemo_throughput.report.fields import (
     Fields,
@@ -75,6 +76,23 @@ class Explanation:
     straggler: Straggler | None = None  # only from summaries that name the host
 
 
+@dataclass(frozen=True)
+class SegmentOf:
+    """Which run a summary's process is a segment of (its goodput section): a job restarted from
+    its checkpoint writes a summary per segment, each with its own run.id."""
+
+    run_id: str  # goodput.run_id: the run's first segment's run.id
+    segment: int  # goodput.segment: 1 for the first
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """The steps a run trained before the first one its step time counts, as the summary chose them."""
+
+    steps: int
+    shown: str  # how: `warmup_steps 20`, or an imported log's window `window 11:`
+
+
 @dataclass
 class Run:
     path: Path
@@ -99,6 +117,14 @@ class Run:
     model_spec: dict[str, Any] | None = None  # model.spec: the model shape; None: not stated
     parallel: dict[str, Any] | None = None  # the parallel layout (data, tensor, pipeline, ...); None: not stated
     identity: RunIdentity | None = None  # what makes two summaries one run (comparable.run_identity)
+    resumed: SegmentOf | None = None  # None: no goodput section (ranks other than 0, imported runs)
+    warmup: Warmup | None = None  # None: counted over --window, the same steps for every run
+    segments: list[Run] = field(default_factory=list)  # the segments joined into this run (report.segments)
+
+    @property
+    def paths(self) -> list[Path]:
+        """The summaries this run was read from: its segments', or its own."""
+        return [segment.path for segment in self.segments] or [self.path]
 
     @property
     def workload(self) -> Workload:
@@ -130,9 +156,54 @@ def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
               step_time_s=step_time_s, steps_counted=counted, window=window_text, notes=notes,
               explanation=read_explanation(fields), counted=_counted(fields), model_spec=_model_spec(fields),
               parallel=fields.optional("parallel") or None,
-              identity=run_identity(fields.text("run.id"), summary))
+              identity=run_identity(fields.text("run.id"), summary), resumed=_segment_of(fields),
+              warmup=None if window is not None else _warmup(path, fields))
     _require_finite_metrics(run)
     return run
+
+
+def _segment_of(fields: Fields) -> SegmentOf | None:
+    """The run this summary is a segment of; None without a goodput section. The segment number and
+    the run's id must tell the same story: the first segment is the run (its run.id is the run's)."""
+    if fields.optional("goodput") is None:
+        return None
+    run_id = fields.value("goodput.run_id", None)
+    if not is_id(run_id):
+        raise fields.error("goodput.run_id", run_id, "it must be the run's id (its first segment's run.id): "
+                                                     "printable text of 1 to 256 characters")
+    segment, own_id = fields.count("goodput.segment"), fields.text("run.id")
+    if (segment == 1) != (run_id == own_id):
+        what = "the first segment of another run" if segment == 1 else f"segment {segment} of itself"
+        raise ReportError(f"{fields.where}: goodput.segment {segment} and goodput.run_id {shown(run_id)} (run.id "
+                          f"{shown(own_id)}) say it is {what}; a run's first segment, and only that, has its run.id")
+    return SegmentOf(run_id, segment)
+
+
+def _warmup(path: Path, fields: Fields) -> Warmup:
+    """The steps trained before counting began: the callback's warmup_steps (of its own process, a
+    resumed segment's too), or, for an imported log, from its first step to where its window opens."""
+    recorded = fields.value("timing.window", None)
+    if recorded is None:
+        steps = fields.value("timing.warmup_steps")
+        if not is_index(steps):
+            raise fields.error("timing.warmup_steps", steps, "it must be an integer >= 0")
+        return Warmup(steps, f"warmup_steps {steps}")
+    if not isinstance(recorded, str):
+        raise fields.error("timing.window", recorded, "it must be a step window, e.g. 11:")
+    try:
+        window = Window.parse(recorded)
+    except ReportError:
+        raise fields.error("timing.window", recorded, "it must be a step window, e.g. 11:") from None
+    if not fields.value("timing.steps", None):
+        raise fields.error("timing.steps", fields.value("timing.steps", None),
+                           "an imported run's window counts its logged steps: they must be listed")
+    logged, _ = _step_series(path, fields)
+    counted = window.select(logged)
+    if not counted:
+        raise fields.error("timing.window", recorded, f"it selects none of its timing.steps ({_step_range(logged)})")
+    # Steps, not logged lines: a log that prints every 10th step, or has gaps, warms up as many steps.
+    opens = window.start if window.start is not None and window.start >= 0 else counted[0][0]
+    return Warmup(max(0, opens - logged[0][0]), f"window {printable(recorded)}")
 
 
 def _model_spec(fields: Fields) -> dict[str, Any] | None:
