@@ -24,10 +24,15 @@ AMD's Primus trainer prints the same line (on the last rank, after its own logge
 inst/harmonic mean: X/Y``); its first iterations print single values. The first number is read,
 never the average; the tokens per GPU it states (sequence length x global batch / time / world
 size) are kept to check the facts given on the command line.
+
+The TFLOP/s per GPU a line states (``throughput per GPU``, Primus' ``compute per GPU``, Bridge's
+``GPU utilization``) is the framework's own count of model FLOPs: it is kept, as printed (NaN,
+zero and negative included), for :mod:`~nemo_throughput.importers.crosscheck`, never used as a rate.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -47,7 +52,9 @@ _BATCH = re.compile(r"global batch size:\s*(\d+)")
 _CONSUMED = re.compile(r"consumed samples:\s*(\d+)")
 _TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean):"
                              r"\s*([\d.]+)(?=[/\s|])")  # a number without what follows it may be cut
-_BRIDGE_STEP_TIME = re.compile(r"Step Time : \S+s GPU utilization: \S*TFLOP/s/GPU")
+_BRIDGE_STEP_TIME = re.compile(r"Step Time : (\S+)s GPU utilization: (\S*?)(?:MODEL_)?TFLOP/s/GPU")
+# Megatron-LM's `throughput per GPU`, Primus' `compute per GPU` (then `(avg ...)`): the first value only
+_STATED_TFLOPS = re.compile(r"(?:throughput|compute) per GPU \(TFLOP/s/GPU\):\s*([^\s|/]*)")
 BRIDGE_STYLE = "Megatron-Bridge `Step Time :` lines"
 # Printed by rank 0 once per process, before any iteration: Megatron-LM's _initialize_distributed
 # (megatron/training/initialize.py, since 2020: "> initializing torch distributed ...") and
@@ -79,6 +86,27 @@ def is_bridge_step_time(text: str) -> bool:
     return _BRIDGE_STEP_TIME.search(text) is not None
 
 
+def bridge_step_time(text: str) -> tuple[float, float] | None:
+    """(seconds, TFLOP/s per GPU) a Bridge ``Step Time :`` line prints, NaN for what is no number; None
+    for any other line."""
+    found = _BRIDGE_STEP_TIME.search(text)
+    return None if found is None else (_number_or_nan(found.group(1)), _number_or_nan(found.group(2)))
+
+
+def stated_tflops(text: str) -> float | None:
+    """The TFLOP/s per GPU an iteration line states (Primus: this interval's, before the `/`), NaN where
+    it prints no number there; None where the line has no such field."""
+    found = _STATED_TFLOPS.search(text)
+    return None if found is None else _number_or_nan(found.group(1))
+
+
+def _number_or_nan(text: str) -> float:
+    try:
+        return parse_number(text)
+    except ValueError:
+        return math.nan
+
+
 class Reader:
     """One rank's Megatron iteration lines, as they stream in."""
 
@@ -105,7 +133,7 @@ class Reader:
         step = int(iteration.group(1))
         tokens = _TOKENS_PER_GPU.search(line.text)
         self.log.add(Step(step, milliseconds / 1e3, self._batch(step, line.text), line.number,
-                          float(tokens.group(1)) if tokens else None))
+                          float(tokens.group(1)) if tokens else None, stated_tflops(line.text)))
         return True
 
     def _batch(self, step: int, text: str) -> int | None:

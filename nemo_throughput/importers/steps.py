@@ -22,6 +22,7 @@ class Step:
     global_batch_size: int | None  # as the log states it at this step; None: not stated
     line: int  # where it was printed, for error messages
     tokens_per_s_per_gpu: float | None = None  # as the log states it for this step (AMD Primus); None: not stated
+    tflops_per_gpu: float | None = None  # model TFLOP/s per GPU as the log states it (its own count); None: not stated
 
 
 @dataclass
