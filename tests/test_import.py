@@ -650,6 +650,8 @@ def test_flops_per_sample_as_published_needs_no_model(tmp_path, capsys):
                               out=tmp_path, model=())
     assert code == 0, err
     summary = summary_of(tmp_path, "megatron_lm_mixtral_issue756")
+    # the log's own TFLOP/s say so too: 3.94e15 is 24 x what they stand for (tests/test_import_crosscheck.py)
+    assert [c["verdict"] for c in summary["model"].pop("flops_crosscheck")] == ["disagree"]
     assert summary["model"] == {"name": "llama3.1-70b", "flops_per_sample": 3.94e15, "flops_formula": "user",
                                 "spec": None, "mfu_convention": {"formula": "user", "causal_attention": None},
                                 "flops_per_step": summary["batch"]["global_batch_size"] * 3.94e15,

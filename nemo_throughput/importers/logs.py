@@ -27,7 +27,7 @@ from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, flops_unlike_the_shape, model_flops_per_sample
 from nemo_throughput.hardware import resolve_peak
-from nemo_throughput.importers import megatron, nemo, segments, tensorboard
+from nemo_throughput.importers import crosscheck, megatron, nemo, segments, tensorboard
 from nemo_throughput.importers.lines import Line, check_text, cut_reason, read_lines, read_once
 from nemo_throughput.importers.segments import ChosenSegment
 from nemo_throughput.importers.steps import Step
@@ -184,6 +184,7 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
     with read_once(path):
         read = read_log(path, fmt, rank, global_batch_size, segment)
         network_section = _network(path, read, num_nodes)
+        step_times = crosscheck.read_step_times(path) if megatron.BRIDGE_STYLE in read.styles else []
     valid, bad = _split_bad_times(read.steps)
     where = f"{path}: {read.segment.where}" if read.segment.of > 1 else str(path)  # what the messages name
     if not valid:
@@ -220,13 +221,28 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         steps=[[s.step, s.seconds] for s in valid],
         excluded_step_times={"count": len(bad), "steps": [[s.step, repr(s.seconds)] for s in bad[:MAX_LISTED]]})
     summary = build_summary(facts, stats, "completed", explained={"network": network_section}, log_timing=log_timing)
+    checks = _flops_crosscheck(read, measured, step_times, facts, None if flops_given else spec)
+    summary["model"]["flops_crosscheck"] = [c.record() for c in checks] or None
     notes = (_notes(read, bad) + _window_notes(read, valid, measured, window) + _spacing_notes(read, measured)
              + _above_peak_notes(facts, summary) + _half_a_peak_notes(gpu_name, dtype, peak)
              + _flops_notes(facts))
     if tokens_checked:
         notes.append(f"the log's own tokens/s per GPU agree with --seq-length {seq_length} and --num-gpus {num_gpus} "
                      f"({tokens_checked} line(s) checked)")
-    return Imported(summary, notes)
+    return Imported(summary, notes + [c.note for c in checks])
+
+
+def _flops_crosscheck(read: ReadLog, measured: list[Step], step_times: list[tuple[int, float, float]],
+                      facts: RunFacts, spec: ModelSpec | None) -> list[crosscheck.Result]:
+    """The model TFLOP/s per GPU a Megatron log states against ours from the facts given (crosscheck)."""
+    if read.fmt != megatron.NAME:
+        return []
+    given = crosscheck.Facts(
+        model=f"the model given ({facts.model_name})" if spec is not None else "--flops-per-sample",
+        seq_length=facts.seq_length, batch=facts.global_batch_size,
+        batch_stated=any(s.global_batch_size is not None for s in measured), num_gpus=facts.num_gpus,
+        num_nodes=facts.num_nodes, peak_tflops=facts.peak_tflops, formula=facts.flops_formula)
+    return crosscheck.check_import(read.steps, step_times, spec, None if spec else facts.flops_per_sample, given)
 
 
 def _network(path: Path, read: ReadLog, num_nodes: int) -> dict[str, Any] | None:
@@ -267,7 +283,8 @@ def _notes(read: ReadLog, bad: list[Step]) -> list[str]:
                      "sample (as the text log's `elapsed time per iteration (ms)`)")
     if megatron.BRIDGE_STYLE in read.styles:
         notes.append("Megatron-Bridge log: step times from its iteration lines; its `Step Time : ... TFLOP/s/GPU` "
-                     "lines (rank 0, the same time rounded to 10 ms, TFLOP/s by Bridge's own FLOPs) are not read")
+                     "lines (rank 0, the same time rounded to 10 ms, TFLOP/s by Bridge's own FLOPs) are not read as "
+                     "steps, only to cross-check the facts given")
     if bad:
         listed = ", ".join(f"{s.step} ({s.seconds:g} s)" for s in bad[:MAX_LISTED])
         notes.append(f"warning: {len(bad)} step time(s) left out, {UNUSABLE_TIMES}: {listed}"

@@ -1,0 +1,372 @@
+"""The facts given to `import` checked against the model TFLOP/s per GPU a Megatron log states.
+
+An import's MFU and model TFLOP/s come from --model/--model-spec, --seq-length, the batch and
+--num-gpus: a wrong one (an 8B preset for a 70B run, 8 GPUs for 64) makes them wrong without a
+word. Megatron-LM (``--log-throughput``), Megatron-Bridge and AMD Primus print their own figure,
+counted from the run's real configuration::
+
+    TFLOP/s per GPU = FLOPs per sample x global batch / seconds per iteration / world size / 1e12
+
+so every such line states the FLOPs per sample its framework counted, given our GPU count and
+batch: TFLOP/s x 1e12 x seconds x --num-gpus / batch. That is compared with ours under the same
+count, ``flops.model_flops_per_sample(spec, "megatron")``, and, where that disagrees, the counts
+Megatron-LM printed before (full s x s attention in 2024; a 4h, ungated MLP in its first version,
+late 2023). Tolerance: the printed digits (TFLOP/s to 0.1, the time to 0.1 ms or Bridge's 10 ms)
+and the vocabulary padding one count may have and the other not (at most 128 x TP rows, TP within
+a node). Details our spec cannot describe (multi-latent or sliding-window attention, multi-token
+prediction, packed sequences) have no tolerance: they are named as causes instead.
+
+A disagreement is a warning, never a refusal: the log's own count can be the wrong one (a
+Megatron-Bridge run counts its model's ``seq_length``, which need not be the data's).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nemo_throughput.flops import FORMULAS, ModelSpec, flops_terms
+from nemo_throughput.importers import megatron
+from nemo_throughput.importers.lines import read_lines
+from nemo_throughput.importers.steps import Step
+
+ITERATION_FIELD = "`... per GPU (TFLOP/s/GPU)` of the iteration lines"
+STEP_TIME_FIELD = "`GPU utilization: ... TFLOP/s/GPU` of Megatron-Bridge's `Step Time :` lines"
+TFLOPS_UNIT = 0.1  # every framework prints the figure with {:.1f}
+ITERATION_TIME_UNIT = 1e-4  # `elapsed time per iteration (ms): {:.1f}`, in seconds
+STEP_TIME_UNIT = 1e-2  # Bridge's `Step Time : {:.2f}s`
+SAFETY = 1.5  # on the rounding bound, as for the tokens/s check (logs.ROUNDED)
+VOCAB_MULTIPLE = 128  # Megatron pads the vocabulary to 128 x TP; Bridge to a power of two up to 128, x TP
+SEQ_GRANULE = 256  # sequence lengths named as a cause are multiples of it
+MAX_LISTED = 10
+
+
+@dataclass(frozen=True)
+class StatedRate:
+    """One line's own TFLOP/s per GPU, with the time and batch it was computed from."""
+
+    line: int
+    tflops: float  # as printed: may be NaN, infinite, zero or negative
+    seconds: float  # the time per iteration it divides by, as printed
+    time_unit: float  # what that time is printed to, in seconds
+    batch: int
+
+    @property
+    def usable(self) -> bool:
+        return all(math.isfinite(v) and v > 0 for v in (self.tflops, self.seconds))
+
+    def flops_per_sample(self, num_gpus: int) -> float:
+        """The FLOPs per sample the line's figure stands for, on ``num_gpus`` GPUs."""
+        return self.tflops * 1e12 * self.seconds * num_gpus / self.batch
+
+    @property
+    def rounding(self) -> float:
+        """Relative error its printed digits allow (half a unit of each of the two numbers)."""
+        return TFLOPS_UNIT / 2 / self.tflops + self.time_unit / 2 / self.seconds
+
+
+@dataclass(frozen=True)
+class Count:
+    """A FLOPs count to compare with: its FLOPs per sample, and what may move it (padding)."""
+
+    name: str  # megatron, full-attention, 4h-mlp, given
+    what: str  # in words, for notes
+    flops_per_sample: float
+    terms: tuple[float, float] | None = None  # (per token, per token pair): to solve for a sequence length
+    padding: float = 0.0  # relative share the vocabulary padding may add or take
+
+    def flops_at(self, seq_length: int) -> float:
+        per_token, per_pair = self.terms
+        return per_token * seq_length + per_pair * seq_length ** 2
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What `import` was given, or read, that the log's figure depends on."""
+
+    model: str  # how the model was given, for notes: "--model llama3-8b"
+    seq_length: int
+    batch: int
+    batch_stated: bool  # read from the log (then not a cause)
+    num_gpus: int
+    num_nodes: int
+    peak_tflops: float | None = None
+    formula: str = "megatron"  # the summary's own --flops-formula
+
+
+@dataclass
+class Result:
+    """The check of one field of a log."""
+
+    field: str
+    verdict: str  # agree, agree_with_earlier_count, mixed, disagree, unusable, skipped
+    lines: int = 0
+    count: Count | None = None  # the count the lines agree with
+    log_tflops: float | None = None  # medians over the usable lines
+    ours_tflops: float | None = None  # under the current count
+    ratio: float | None = None  # the log's / ours
+    allowance: float | None = None
+    disagreeing: list[int] = field(default_factory=list)
+    unusable: list[int] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    reason: str = ""  # why a field is skipped
+    missing: int = 0  # lines of its kind that do not state it
+    note: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """model.flops_crosscheck's entry (summary schema)."""
+        return {"field": self.field, "verdict": self.verdict, "lines": self.lines,
+                "count": self.count.name if self.count else None, "log_tflops_per_gpu": self.log_tflops,
+                "ours_tflops_per_gpu": self.ours_tflops, "ratio": self.ratio, "allowance": self.allowance,
+                "disagreeing_lines": self.disagreeing[:MAX_LISTED], "unusable_lines": self.unusable[:MAX_LISTED],
+                "lines_without": self.missing, "causes": self.causes, "note": self.note}
+
+
+# ------------------------------------------------------------------ what the log states
+def iteration_rates(steps: Iterable[Step], batch: int) -> list[StatedRate]:
+    """The TFLOP/s per GPU the iteration lines state, each with its own time and batch."""
+    return [StatedRate(s.line, s.tflops_per_gpu, s.seconds, ITERATION_TIME_UNIT, s.global_batch_size or batch)
+            for s in steps if s.tflops_per_gpu is not None]
+
+
+def read_step_times(path: Path) -> list[tuple[int, float, float]]:
+    """(line, seconds, TFLOP/s per GPU) of every Bridge `Step Time :` line, whichever rank printed it
+    (rank 0 does, not the rank whose steps are read)."""
+    return [(line.number, *found) for line in read_lines(path) if (found := megatron.bridge_step_time(line.text))]
+
+
+def step_time_rates(step_times: list[tuple[int, float, float]], steps: list[Step],
+                    batch: int) -> tuple[list[StatedRate], str | None]:
+    """Bridge's `Step Time :` figures, with their own time (rounded to 10 ms), and why they are not
+    checked: they name no iteration, so only a batch the whole log keeps can be theirs."""
+    rates = [StatedRate(line, tflops, seconds, STEP_TIME_UNIT, batch) for line, seconds, tflops in step_times]
+    if {s.global_batch_size for s in steps if s.global_batch_size is not None} - {batch}:
+        return rates, "the batch changes within the log, and these lines name no iteration to take it from"
+    return rates, None
+
+
+# ------------------------------------------------------------------ the counts compared with
+def counts_for(spec: ModelSpec | None, given_flops: float | None, gpus_per_node: int) -> list[Count]:
+    """The counts to compare with, the current one first: a figure given as is, else the model's under
+    Megatron's current count and the two it printed before."""
+    if given_flops is not None or spec is None:
+        return [Count("given", "--flops-per-sample as given (its convention not known)", given_flops)]
+    padding = _padding_share(spec, gpus_per_node)
+    counts = [_count("megatron", "Megatron's current count (causal attention halved)", spec, "megatron", padding),
+              _count("full-attention", "Megatron-LM's 2024 count (full s x s attention)", spec, "dgxc", padding)]
+    first = _first_megatron_lm_spec(spec)
+    if first is not None:
+        counts.append(_count("4h-mlp", "Megatron-LM's first count (late 2023: every MLP 4h wide, ungated, dense)",
+                             first, "dgxc", padding))
+    return counts
+
+
+def _count(name: str, what: str, spec: ModelSpec, formula: str, padding: float) -> Count:
+    terms = flops_terms(spec, formula)
+    s = spec.seq_length
+    return Count(name, what, terms[0] * s + terms[1] * s * s, terms, padding)
+
+
+def _first_megatron_lm_spec(spec: ModelSpec) -> ModelSpec | None:
+    """The shape Megatron-LM's first count assumed (its 60 x B s L h^2 (...) formula): the model's
+    layers, heads, groups and vocabulary, every MLP dense, ungated and 4h wide, heads h/n wide. That
+    count with full attention is exactly flops.py's `dgxc` formula on this shape."""
+    if spec.hidden_size % spec.num_attention_heads:
+        return None
+    return replace(spec, ffn_hidden_size=4 * spec.hidden_size, gated_linear_unit=False, kv_channels=None,
+                   num_moe_experts=None, moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None,
+                   moe_layer_freq=1)
+
+
+def _padding_share(spec: ModelSpec, gpus_per_node: int) -> float:
+    """The share of a sample's FLOPs that vocabulary padding can make: the logits GEMM (3 x 2 x h x V per
+    token) of up to 128 x TP - 1 more rows, TP at most a node's GPUs."""
+    rows = VOCAB_MULTIPLE * max(gpus_per_node, 1) - 1
+    per_token, per_pair = flops_terms(spec, "megatron")
+    return 6 * spec.hidden_size * rows / (per_token + per_pair * spec.seq_length)
+
+
+# ------------------------------------------------------------------ the check
+def check(field_name: str, rates: list[StatedRate], counts: list[Count], facts: Facts) -> Result:
+    """The lines' figures against the counts, the current count first."""
+    usable = [r for r in rates if r.usable]
+    result = Result(field_name, "unusable", len(rates), unusable=[r.line for r in rates if not r.usable])
+    if not usable:
+        return result
+    agreed = next((c for c in counts if all(_agrees(r, c, facts.num_gpus) for r in usable)), None)
+    _compare(result, usable, agreed or counts[0], facts.num_gpus)
+    if agreed is not None:
+        result.count = agreed
+        result.verdict = "agree" if agreed is counts[0] else "agree_with_earlier_count"
+        return result
+    result.disagreeing = [r.line for r in usable if not _agrees(r, counts[0], facts.num_gpus)]
+    result.verdict = "mixed" if len(result.disagreeing) < len(usable) else "disagree"
+    implied = statistics.median(r.flops_per_sample(facts.num_gpus) for r in usable)
+    result.causes = causes(implied, result.allowance, result.log_tflops, counts, facts)
+    return result
+
+
+def _compare(result: Result, usable: list[StatedRate], count: Count, num_gpus: int) -> None:
+    """The medians of the log's figures, of ours under ``count`` (each line's own time and batch) and of
+    their ratio, and the largest allowance."""
+    result.log_tflops = statistics.median(r.tflops for r in usable)
+    result.ours_tflops = statistics.median(count.flops_per_sample * r.batch / r.seconds / num_gpus / 1e12
+                                           for r in usable)
+    result.ratio = statistics.median(r.flops_per_sample(num_gpus) / count.flops_per_sample for r in usable)
+    result.allowance = max(_allowance(r, count) for r in usable)
+
+
+def _allowance(rate: StatedRate, count: Count) -> float:
+    return SAFETY * rate.rounding + count.padding
+
+
+def _agrees(rate: StatedRate, count: Count, num_gpus: int) -> bool:
+    return _within(rate.flops_per_sample(num_gpus), count.flops_per_sample, _allowance(rate, count))
+
+
+def _within(value: float, reference: float, allowance: float) -> bool:
+    return abs(value / reference - 1) <= allowance
+
+
+# ------------------------------------------------------------------ what would explain a disagreement
+def causes(implied: float, allowance: float, log_tflops: float, counts: list[Count], facts: Facts) -> list[str]:
+    """What fits the log's figure (FLOPs per sample ``implied`` on our GPU count and batch), most
+    telling first; the model, and what our spec cannot describe, always last."""
+    found = _above_peak(log_tflops, facts)
+    for cause in (_gpu_cause, _batch_cause, _seq_length_cause):
+        found += [text] if (text := cause(implied, allowance, counts, facts)) else []
+    if counts[0].name == "given":
+        return [*found, "--flops-per-sample is not this run's, or is of another convention (`dgxc` counts attention "
+                        "in full)"]
+    return [*found, f"{facts.model} is not the run's model (another size, vocabulary, number of experts or top-k), or "
+                    "the run has what a model spec does not describe (multi-latent or sliding-window attention, "
+                    "multi-token prediction, packed sequences: their attention is counted per sequence)"]
+
+
+def _above_peak(log_tflops: float, facts: Facts) -> list[str]:
+    if facts.peak_tflops is None or log_tflops <= facts.peak_tflops:
+        return []
+    return [f"the log's figure is above the GPU's peak of {facts.peak_tflops:,.1f} TFLOP/s: its own count is wrong"]
+
+
+def _gpu_cause(implied: float, allowance: float, counts: list[Count], facts: Facts) -> str | None:
+    """The log's figure per GPU is the same FLOPs over another GPU count: ours x (given / real)."""
+    for count in counts:
+        gpus = round(facts.num_gpus * count.flops_per_sample / implied)
+        if 1 <= gpus != facts.num_gpus and _within(implied * gpus / facts.num_gpus, count.flops_per_sample, allowance):
+            per_node = (f", or the log's figure is per node of {facts.num_gpus // facts.num_nodes} GPUs, not per GPU"
+                        if gpus == facts.num_nodes < facts.num_gpus else "")
+            return f"--num-gpus {gpus:,} fits it (under {count.what}){per_node}"
+    return None
+
+
+def _batch_cause(implied: float, allowance: float, counts: list[Count], facts: Facts) -> str | None:
+    """A batch given (the log states none) that is not the run's: the figure is ours x (real / given)."""
+    if facts.batch_stated:
+        return None
+    for count in counts:
+        batch = round(facts.batch * implied / count.flops_per_sample)
+        if 1 <= batch != facts.batch and _within(implied * facts.batch / batch, count.flops_per_sample, allowance):
+            return f"--global-batch-size {batch:,} fits it (under {count.what})"
+    return None
+
+
+def _seq_length_cause(implied: float, allowance: float, counts: list[Count], facts: Facts) -> str | None:
+    """The sequence length at which a count gives the log's FLOPs per sample, where it is a multiple of
+    SEQ_GRANULE (any figure is met by some length: only a round one is named)."""
+    for count in counts:
+        if count.terms is None:
+            continue
+        per_token, per_pair = count.terms
+        exact = (-per_token + math.sqrt(per_token ** 2 + 4 * per_pair * implied)) / (2 * per_pair)
+        length = max(SEQ_GRANULE, round(exact / SEQ_GRANULE) * SEQ_GRANULE)
+        if length != facts.seq_length and _within(implied, count.flops_at(length), allowance):
+            return (f"--seq-length {length:,} fits it (under {count.what}): the log may count another length than "
+                    "its data's (Megatron-Bridge counts its model's seq_length)")
+    return None
+
+
+# ------------------------------------------------------------------ what import says
+def note(result: Result, facts: Facts, counts: list[Count]) -> str:
+    """The note (or warning) of one field's check, naming both figures."""
+    lines = _lines_text(result)
+    if result.verdict == "skipped":
+        return f"the log's own model TFLOP/s per GPU, {result.field} ({lines}), not cross-checked: {result.reason}"
+    if result.verdict == "unusable":
+        return (f"warning: the log's own model TFLOP/s per GPU, {result.field}, is no number a run could measure "
+                f"(NaN, infinite, zero or negative) on all its {lines}: the facts given are not cross-checked")
+    given = (f"{facts.model}, --seq-length {facts.seq_length:,}, global batch {facts.batch:,} and --num-gpus "
+             f"{facts.num_gpus:,}")
+    figures = (f"{result.log_tflops:,.1f} in the log, {result.ours_tflops:,.1f} ours (ratio {result.ratio:.4g}, "
+               f"allowed ±{result.allowance:.2%} for its printed digits and vocabulary padding)")
+    if result.verdict in ("agree", "agree_with_earlier_count"):
+        earlier = ("; not with Megatron's current count: the run's Megatron-LM is an earlier one"
+                   if result.verdict == "agree_with_earlier_count" else "")
+        return (f"the log's own model TFLOP/s per GPU, {result.field} ({lines}), agree with ours from {given} under "
+                f"{result.count.what}{earlier}: {figures}; the figures are cross-checked{_formula_clause(facts)}")
+    which = (f"on {len(result.disagreeing)} of {result.lines - len(result.unusable)} usable lines (line "
+             f"{_listed(result.disagreeing)})" if result.verdict == "mixed" else f"({lines})")
+    return (f"warning: the log's own model TFLOP/s per GPU, {result.field}, disagree with ours from {given} under "
+            f"{counts[0].what} {which}: {figures}. Likely causes: {'; '.join(result.causes)}. MFU and model "
+            "TFLOP/s are computed from the facts given: check them (the log's own count may be the wrong one)")
+
+
+def _lines_text(result: Result) -> str:
+    """``6 line(s), 2 more without it, 1 of them left out as NaN ... (line 7)``."""
+    text = f"{result.lines} line(s)" + (f", {result.missing} more without it" if result.missing else "")
+    if result.unusable:
+        text += (f", {len(result.unusable)} of them left out as NaN, infinite, zero or negative (line "
+                 f"{_listed(result.unusable)})")
+    return text
+
+
+def _formula_clause(facts: Facts) -> str:
+    if facts.formula not in FORMULAS or facts.formula == "megatron":  # `user`: the figure given is what was checked
+        return ""
+    return (f" (the summary's own MFU and TFLOP/s use --flops-formula {facts.formula}, a count of another "
+            "convention, by design)")
+
+
+def _listed(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers[:MAX_LISTED])) + (" ..." if len(numbers) > MAX_LISTED else "")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A field's figures in a log, why they are not checked (None: they are), and how many lines of
+    their kind state none."""
+
+    rates: list[StatedRate]
+    skipped: str | None = None
+    missing: int = 0
+
+
+def check_log(sources: dict[str, Source], counts: list[Count], facts: Facts) -> list[Result]:
+    """Every field a log states checked, each with its note; fields without a line are left out."""
+    results = []
+    for field_name, source in sources.items():
+        if not source.rates:
+            continue
+        if source.skipped is not None:
+            result = Result(field_name, "skipped", len(source.rates), reason=source.skipped)
+        else:
+            result = check(field_name, source.rates, counts, facts)
+        result.missing = source.missing
+        result.note = note(result, facts, counts)
+        results.append(result)
+    return results
+
+
+def check_import(steps: list[Step], step_times: list[tuple[int, float, float]], spec: ModelSpec | None,
+                 given_flops: float | None, facts: Facts) -> list[Result]:
+    """An imported Megatron log's checks: its iteration lines' figures, and its Bridge `Step Time :`
+    lines' (``step_times``, from read_step_times)."""
+    stated = iteration_rates(steps, facts.batch)
+    sources = {ITERATION_FIELD: Source(stated, missing=len(steps) - len(stated)),
+               STEP_TIME_FIELD: Source(*step_time_rates(step_times, steps, facts.batch))}
+    counts = counts_for(spec, given_flops, math.ceil(facts.num_gpus / facts.num_nodes))
+    return check_log(sources, counts, facts)
