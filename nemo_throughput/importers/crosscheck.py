@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from nemo_throughput.config import LARGEST_BATCH_OR_LENGTH
 from nemo_throughput.flops import FORMULAS, ModelSpec, flops_terms
 from nemo_throughput.importers import megatron
 from nemo_throughput.importers.lines import read_lines
@@ -41,7 +42,8 @@ ITERATION_TIME_UNIT = 1e-4  # `elapsed time per iteration (ms): {:.1f}`, in seco
 STEP_TIME_UNIT = 1e-2  # Bridge's `Step Time : {:.2f}s`
 SAFETY = 1.5  # on the rounding bound, as for the tokens/s check (logs.ROUNDED)
 VOCAB_MULTIPLE = 128  # Megatron pads the vocabulary to 128 x TP; Bridge to a power of two up to 128, x TP
-SEQ_GRANULE = 256  # sequence lengths named as a cause are multiples of it
+SEQ_GRANULE = 1024  # sequence lengths named as a cause are multiples of it (or powers of two below it)
+MAX_GPUS = 1_000_000  # a GPU count named as a cause is one import accepts (importers.mlperf.MAX_COUNT)
 MAX_LISTED = 10
 
 
@@ -107,6 +109,7 @@ class Result:
     lines: int = 0
     count: Count | None = None  # the count the lines agree with
     log_tflops: float | None = None  # medians over the usable lines
+    log_flops_per_sample: float | None = None  # what the log's figure stands for, on our GPU count and batch
     ours_tflops: float | None = None  # under the current count
     ratio: float | None = None  # the log's / ours
     allowance: float | None = None
@@ -121,6 +124,7 @@ class Result:
         """model.flops_crosscheck's entry (summary schema)."""
         return {"field": self.field, "verdict": self.verdict, "lines": self.lines,
                 "count": self.count.name if self.count else None, "log_tflops_per_gpu": self.log_tflops,
+                "log_flops_per_sample": self.log_flops_per_sample,
                 "ours_tflops_per_gpu": self.ours_tflops, "ratio": self.ratio, "allowance": self.allowance,
                 "disagreeing_lines": self.disagreeing[:MAX_LISTED], "unusable_lines": self.unusable[:MAX_LISTED],
                 "lines_without": self.missing, "causes": self.causes, "note": self.note}
@@ -192,21 +196,24 @@ def _padding_share(spec: ModelSpec, gpus_per_node: int) -> float:
 
 # ------------------------------------------------------------------ the check
 def check(field_name: str, rates: list[StatedRate], counts: list[Count], facts: Facts) -> Result:
-    """The lines' figures against the counts, the current count first."""
+    """The lines' figures against the counts: the one most lines agree with (the current count on a tie)."""
     usable = [r for r in rates if r.usable]
     result = Result(field_name, "unusable", len(rates), unusable=[r.line for r in rates if not r.usable])
     if not usable:
         return result
-    agreed = next((c for c in counts if all(_agrees(r, c, facts.num_gpus) for r in usable)), None)
-    _compare(result, usable, agreed or counts[0], facts.num_gpus)
-    if agreed is not None:
-        result.count = agreed
-        result.verdict = "agree" if agreed is counts[0] else "agree_with_earlier_count"
+    agreeing = {c.name: [r for r in usable if _agrees(r, c, facts.num_gpus)] for c in counts}
+    best = max(counts, key=lambda c: len(agreeing[c.name]))  # max keeps the first of equals
+    if not agreeing[best.name]:
+        best = counts[0]
+    _compare(result, usable, best, facts.num_gpus)
+    result.disagreeing = [r.line for r in usable if r not in agreeing[best.name]]
+    if agreeing[best.name]:
+        result.count = best
+    if len(agreeing[best.name]) == len(usable):
+        result.verdict = "agree" if best is counts[0] else "agree_with_earlier_count"
         return result
-    result.disagreeing = [r.line for r in usable if not _agrees(r, counts[0], facts.num_gpus)]
-    result.verdict = "mixed" if len(result.disagreeing) < len(usable) else "disagree"
-    implied = statistics.median(r.flops_per_sample(facts.num_gpus) for r in usable)
-    result.causes = causes(implied, result.allowance, result.log_tflops, counts, facts)
+    result.verdict = "mixed" if agreeing[best.name] else "disagree"
+    result.causes = causes(result.log_flops_per_sample, result.allowance, result.log_tflops, counts, facts)
     return result
 
 
@@ -214,6 +221,7 @@ def _compare(result: Result, usable: list[StatedRate], count: Count, num_gpus: i
     """The medians of the log's figures, of ours under ``count`` (each line's own time and batch) and of
     their ratio, and the largest allowance."""
     result.log_tflops = statistics.median(r.tflops for r in usable)
+    result.log_flops_per_sample = statistics.median(r.flops_per_sample(num_gpus) for r in usable)
     result.ours_tflops = statistics.median(count.flops_per_sample * r.batch / r.seconds / num_gpus / 1e12
                                            for r in usable)
     result.ratio = statistics.median(r.flops_per_sample(num_gpus) / count.flops_per_sample for r in usable)
@@ -254,10 +262,13 @@ def _above_peak(log_tflops: float, facts: Facts) -> list[str]:
 
 
 def _gpu_cause(implied: float, allowance: float, counts: list[Count], facts: Facts) -> str | None:
-    """The log's figure per GPU is the same FLOPs over another GPU count: ours x (given / real)."""
+    """The log's figure per GPU is the same FLOPs over another GPU count: ours x (given / real). Only a
+    count a power of two from the one given is named (a node's 8, twice as many): some count near any
+    figure is a whole number."""
     for count in counts:
-        gpus = round(facts.num_gpus * count.flops_per_sample / implied)
-        if 1 <= gpus != facts.num_gpus and _within(implied * gpus / facts.num_gpus, count.flops_per_sample, allowance):
+        gpus = _power_of_two_from(facts.num_gpus, facts.num_gpus * count.flops_per_sample / implied)
+        if gpus is not None and gpus <= MAX_GPUS and _within(implied * gpus / facts.num_gpus,
+                                                             count.flops_per_sample, allowance):
             per_node = (f", or the log's figure is per node of {facts.num_gpus // facts.num_nodes} GPUs, not per GPU"
                         if gpus == facts.num_nodes < facts.num_gpus else "")
             return f"--num-gpus {gpus:,} fits it (under {count.what}){per_node}"
@@ -269,25 +280,44 @@ def _batch_cause(implied: float, allowance: float, counts: list[Count], facts: F
     if facts.batch_stated:
         return None
     for count in counts:
-        batch = round(facts.batch * implied / count.flops_per_sample)
-        if 1 <= batch != facts.batch and _within(implied * facts.batch / batch, count.flops_per_sample, allowance):
+        batch = _power_of_two_from(facts.batch, facts.batch * implied / count.flops_per_sample)
+        if batch is not None and batch <= LARGEST_BATCH_OR_LENGTH and _within(implied * facts.batch / batch,
+                                                                              count.flops_per_sample, allowance):
             return f"--global-batch-size {batch:,} fits it (under {count.what})"
     return None
 
 
+def _power_of_two_from(given: int, value: float) -> int | None:
+    """The whole number nearest ``value`` that is ``given`` times or divided by a power of two (not 1)."""
+    if not value > 0:
+        return None
+    nearest = given * 2.0 ** round(math.log2(value / given))
+    return int(nearest) if nearest != given and nearest >= 1 and nearest == int(nearest) else None
+
+
 def _seq_length_cause(implied: float, allowance: float, counts: list[Count], facts: Facts) -> str | None:
-    """The sequence length at which a count gives the log's FLOPs per sample, where it is a multiple of
-    SEQ_GRANULE (any figure is met by some length: only a round one is named)."""
+    """The sequence length at which a count gives the log's FLOPs per sample, where it is one runs train
+    with (a power of two, or a multiple of 1,024): some length meets any figure."""
     for count in counts:
         if count.terms is None:
             continue
         per_token, per_pair = count.terms
         exact = (-per_token + math.sqrt(per_token ** 2 + 4 * per_pair * implied)) / (2 * per_pair)
-        length = max(SEQ_GRANULE, round(exact / SEQ_GRANULE) * SEQ_GRANULE)
-        if length != facts.seq_length and _within(implied, count.flops_at(length), allowance):
+        length = _usual_length(exact)
+        if (length is not None and length != facts.seq_length
+                and _within(implied, count.flops_at(length), allowance)):
             return (f"--seq-length {length:,} fits it (under {count.what}): the log may count another length than "
                     "its data's (Megatron-Bridge counts its model's seq_length)")
     return None
+
+
+def _usual_length(exact: float) -> int | None:
+    """The nearest multiple of 1,024 (a power of two below it), within LARGEST_BATCH_OR_LENGTH."""
+    if not 1 <= exact <= LARGEST_BATCH_OR_LENGTH:
+        return None
+    if exact >= SEQ_GRANULE:
+        return round(exact / SEQ_GRANULE) * SEQ_GRANULE
+    return 2 ** round(math.log2(exact))
 
 
 # ------------------------------------------------------------------ what import says
@@ -301,8 +331,9 @@ def note(result: Result, facts: Facts, counts: list[Count]) -> str:
                 f"(NaN, infinite, zero or negative) on all its {lines}: the facts given are not cross-checked")
     given = (f"{facts.model}, --seq-length {facts.seq_length:,}, global batch {facts.batch:,} and --num-gpus "
              f"{facts.num_gpus:,}")
-    figures = (f"{result.log_tflops:,.1f} in the log, {result.ours_tflops:,.1f} ours (ratio {result.ratio:.4g}, "
-               f"allowed ±{result.allowance:.2%} for its printed digits and vocabulary padding)")
+    figures = (f"{result.log_tflops:,.1f} in the log ({result.log_flops_per_sample:.4g} FLOPs per sample), "
+               f"{result.ours_tflops:,.1f} ours (ratio {result.ratio:.4g}, allowed ±{result.allowance:.2%} for its "
+               "printed digits and vocabulary padding)")
     if result.verdict in ("agree", "agree_with_earlier_count"):
         earlier = ("; not with Megatron's current count: the run's Megatron-LM is an earlier one"
                    if result.verdict == "agree_with_earlier_count" else "")
@@ -310,8 +341,9 @@ def note(result: Result, facts: Facts, counts: list[Count]) -> str:
                 f"{result.count.what}{earlier}: {figures}; the figures are cross-checked{_formula_clause(facts)}")
     which = (f"on {len(result.disagreeing)} of {result.lines - len(result.unusable)} usable lines (line "
              f"{_listed(result.disagreeing)})" if result.verdict == "mixed" else f"({lines})")
+    count = result.count or counts[0]
     return (f"warning: the log's own model TFLOP/s per GPU, {result.field}, disagree with ours from {given} under "
-            f"{counts[0].what} {which}: {figures}. Likely causes: {'; '.join(result.causes)}. MFU and model "
+            f"{count.what} {which}: {figures}. Likely causes: {'; '.join(result.causes)}. MFU and model "
             "TFLOP/s are computed from the facts given: check them (the log's own count may be the wrong one)")
 
 
