@@ -28,6 +28,11 @@ size) are kept to check the facts given on the command line.
 The TFLOP/s per GPU a line states (``throughput per GPU``, Primus' ``compute per GPU``, Bridge's
 ``GPU utilization``) is the framework's own count of model FLOPs: it is kept, as printed (NaN,
 zero and negative included), for :mod:`~nemo_throughput.importers.crosscheck`, never used as a rate.
+
+Megatron-DeepSpeed prints the same line. BigScience's fork (and the forks made from it) prints
+the time in seconds, ``elapsed time per iteration (s): 7.2310``; Microsoft's prints milliseconds
+and adds ``tokens per gpu per second (tgs): 142.612`` (the same quantity as Primus' tokens per GPU,
+checked the same way).
 """
 
 from __future__ import annotations
@@ -43,14 +48,16 @@ from nemo_throughput.importers.steps import Step, StepLog
 
 NAME = "megatron"
 TAG = "elapsed time per iteration (ms)"
+SECONDS_TAG = "elapsed time per iteration (s)"  # Megatron-DeepSpeed (BigScience's fork): seconds
 BATCH_ORIGIN = "`global batch size:`, or `consumed samples:` from one printed iteration to the next"
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|")
 # the value of this interval, then Primus' running average after a "/" (not read)
-_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([^\s|/]*)")  # empty: only Primus' average
+_ELAPSED = re.compile(r"elapsed time per iteration \((ms|s)\):\s*([^\s|/]*)")  # empty: only Primus' average
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
 _CONSUMED = re.compile(r"consumed samples:\s*(\d+)")
-_TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean):"
+_TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean"
+                             r"|tokens per gpu per second \(tgs\)):"
                              r"\s*([\d.]+)(?=[/\s|])")  # a number without what follows it may be cut
 _BRIDGE_STEP_TIME = re.compile(r"Step Time : (\S+)s GPU utilization: (\S*?)(?:MODEL_)?TFLOP/s/GPU")
 # Megatron-LM's `throughput per GPU`, Primus' `compute per GPU` (then `(avg ...)`): the first value only
@@ -67,7 +74,8 @@ PROCESS_START = "`> initializing torch distributed`"
 
 def matches(text: str) -> bool:
     """A step line: an iteration with its time (not, say, a message that names the field)."""
-    return TAG in text and _ITERATION.search(text) is not None and _ELAPSED.search(text) is not None
+    return ((TAG in text or SECONDS_TAG in text) and _ITERATION.search(text) is not None
+            and _ELAPSED.search(text) is not None)
 
 
 def is_whole(text: str) -> bool:
@@ -122,17 +130,18 @@ class Reader:
         elapsed = _ELAPSED.search(line.text)
         if not iteration or not elapsed:
             return False
-        if not elapsed.group(1):
+        unit, value = elapsed.groups()
+        if not value:
             self.no_value_lines.append(line.number)
             return True
         try:
-            milliseconds = parse_number(elapsed.group(1))
+            seconds = parse_number(value) / (1e3 if unit == "ms" else 1.0)
         except ValueError:
-            raise ReportError(f"{self.path}: line {line.number}: `{TAG}` is {elapsed.group(1)!r}, not a number "
-                              "(is the line cut? give the log as the job wrote it)") from None
+            raise ReportError(f"{self.path}: line {line.number}: `elapsed time per iteration ({unit})` is {value!r}, "
+                              "not a number (is the line cut? give the log as the job wrote it)") from None
         step = int(iteration.group(1))
         tokens = _TOKENS_PER_GPU.search(line.text)
-        self.log.add(Step(step, milliseconds / 1e3, self._batch(step, line.text), line.number,
+        self.log.add(Step(step, seconds, self._batch(step, line.text), line.number,
                           float(tokens.group(1)) if tokens else None, stated_tflops(line.text)))
         return True
 
