@@ -15,6 +15,7 @@ sample at its step. Step times that are not positive finite numbers, or longer t
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -452,7 +453,31 @@ def _bridge_step_time_only_message(path: Path) -> str:
             "job, all ranks, not lines filtered with grep)")
 
 
+# Progress lines that name a step but carry no step time: what they are, why, and what to do.
+_NO_TIMING_CALLBACK = (f"a run without NeMo's TimingCallback logs no `{nemo.TAG}`",
+                       "import a run that had the callback")
+_UNTIMED_PROGRESS = (
+    ("NeMo 2 progress lines", re.compile(r"Training epoch \d+, iteration \d+/\d+"), *_NO_TIMING_CALLBACK),
+    ("NeMo 1.x progress bar updates", re.compile(r"\bglobal_step=\S"), *_NO_TIMING_CALLBACK),
+    ("Megatron iteration lines", re.compile(r"\biteration\s+\d+/\s*\d+\s*\|"),
+     "none prints `elapsed time per iteration (ms)` or `(s)`", "give the log as the job wrote it"),
+)
+
+
+def _untimed_progress_message(path: Path) -> str | None:
+    """Why a log of progress lines without a step time holds no step, or None: such a log is the
+    training log, and asking for the training log would mislead."""
+    for line in read_lines(path):
+        for what, pattern, why, to_do in _UNTIMED_PROGRESS:
+            if pattern.search(line.text):
+                return f"{path}: {what} (line {line.number}) but no step time: {why} ({to_do})"
+    return None
+
+
 def _no_steps_message(path: Path, fmt: str | None) -> str:
+    untimed = _untimed_progress_message(path)
+    if untimed is not None:
+        return untimed
     if fmt is None:
         return (f"{path}: no step lines: neither NeMo's `{nemo.TAG}` nor Megatron-LM's `{megatron.TAG}` appears "
                 "in it (give the training log, e.g. the Slurm .out file of the job)")
