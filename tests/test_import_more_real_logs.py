@@ -93,3 +93,80 @@ def test_real_megatron_deepspeed_runs_sharing_one_file_are_segments(tmp_path, ca
     assert summary["batch"]["global_batch_size"] == 2048
     for seconds, samples_per_s in zip(times(summary), stated(log, "samples per second")[:2], strict=True):
         assert 2048 / seconds == pytest.approx(samples_per_s, abs=5e-3)
+
+
+# ------------------------------------------------------------------------------- NeMo
+LLAMA3_8B_ON_8 = ("--model", "llama3-8b", "--seq-length", 8192, "--num-gpus", 8)
+
+
+def test_real_nemo1_bar_updates_as_separate_log_lines(tmp_path, capsys):
+    # SageMaker HyperPod via CloudWatch: each redraw its own line, a `[job] [time] [INFO]` prefix on the first
+    log = DATA / "nemo1_sagemaker_hyperpod_cloudwatch_lines.log"
+    code, err = run_import(capsys, log, *LLAMA3_8B_ON_8, out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, log.stem)
+    # global_step=1.000 .. 6.000 are steps 2-7, each counted once though drawn twice
+    assert summary["timing"]["steps"] == [[2, 10.7], [3, 10.7], [4, 10.9], [5, 10.7], [6, 10.8], [7, 10.7]]
+    assert summary["batch"]["global_batch_size"] == 256  # consumed_samples=512.0 at global_step=1.000
+
+
+@pytest.mark.parametrize("name, step, seconds, batch", [
+    ("nemo1_sagemaker_unsized_bar.log", 2, 3.37, 64),  # `1it [00:04,  4.36s/it, ...`: no n/total counter
+    ("nemo1_sagemaker_syslog_cr_escaped.log", 7, 10.10, 64),  # `#015Epoch 1: : 3it [...`: \r escaped by syslog
+])
+def test_real_nemo1_bar_lines(tmp_path, capsys, name, step, seconds, batch):
+    code, err = run_import(capsys, DATA / name, *LLAMA3_8B_ON_8, out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, name.removesuffix(".log"))
+    assert summary["timing"]["steps"] == [[step, seconds]]
+    assert summary["batch"]["global_batch_size"] == batch
+
+
+def test_syslog_escaped_redraws_on_one_line_are_each_read(tmp_path, capsys):
+    # rsyslog writes a bar's carriage returns as #015: a whole run's redraws then share one line
+    real = (DATA / "nemo1_sagemaker_syslog_cr_escaped.log").read_text().splitlines()[0]
+    bar = real[real.index("Epoch"):real.index("]{") + 1]  # global_step=6.000, consumed_samples=448.0, 10.10 s
+    nxt = bar.replace("3it", "4it").replace("6.000", "7.000").replace("448.0", "512.0").replace("10.10", "9.900")
+    log = tmp_path / "syslog.log"
+    log.write_text(f"[2026-03-01 21:16:40,581] [INFO] #015{bar}#015{nxt}\n")
+    code, err = run_import(capsys, log, *LLAMA3_8B_ON_8, out=tmp_path / "out")
+    assert code == 0, err
+    assert summary_of(tmp_path / "out", "syslog")["timing"]["steps"] == [[7, 10.1], [8, 9.9]]
+
+
+@pytest.mark.parametrize("name, steps, batch", [
+    ("nemo2_b200_gpustat_between.log", [[46, 6.08], [47, 6.061], [48, 6.082], [49, 6.071], [50, 6.06]], 128),
+    ("nemo2_cloudai_consumed_first.log", [[1, 61.94], [2, 53.67], [3, 52.45], [4, 52.54], [5, 53.16]], 512),
+    ("nemo2_sagemaker_rft_exponent_time.log", [[120, 1232.0]], 256),  # `train_step_timing in s: 1.232e+03`
+])
+def test_real_nemo2_printer_lines(tmp_path, capsys, name, steps, batch):
+    code, err = run_import(capsys, DATA / name, *LLAMA3_8B_ON_8, out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, name.removesuffix(".log"))
+    assert summary["timing"]["steps"] == steps
+    assert summary["batch"]["global_batch_size"] == batch
+    mean = sum(times(summary)) / len(steps)
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(8192 * batch / mean)
+
+
+def test_real_nemo2_line_without_a_batch_needs_one_given(tmp_path, capsys):
+    log = DATA / "nemo2_sagemaker_no_batch_field.log"  # token_count, samples/sec, no global_batch_size
+    code, err = run_import(capsys, log, *LLAMA3_8B_ON_8, out=tmp_path)
+    assert code == 2
+    assert "does not state the global batch size (give --global-batch-size)" in import_error_line(err, log.name)
+    code, err = run_import(capsys, log, *LLAMA3_8B_ON_8, "--global-batch-size", 256, out=tmp_path)
+    assert code == 0, err
+    summary = summary_of(tmp_path, log.stem)
+    assert summary["timing"]["steps"] == [[10, 59.7]]
+    # the line's own token_count: 10 steps of 256 x 8192 tokens, so the batch given is the run's
+    assert re.search(r"token_count: (\d+)", log.read_text())[1] == str(10 * 256 * 8192)
+
+
+def test_real_nemo2_lines_without_step_time_are_refused_naming_why(tmp_path, capsys):
+    log = DATA / "nemo2_sft_without_step_timing.log"  # an SFT run without NeMo's TimingCallback
+    code, err = run_import(capsys, log, "--model", "llama3-8b", "--seq-length", 4096, "--num-gpus", 16,
+                           out=tmp_path)
+    assert code == 2
+    line = import_error_line(err, log.name)
+    assert "NeMo 2 progress lines (line 1) but no step time" in line and "TimingCallback" in line
+    assert "give the training log" not in line  # it is the training log

@@ -10,6 +10,9 @@ both ``\\n`` and ``\\r``, strips those prefixes and says which rank each piece c
 format readers then never see a prefix and the importer can read one rank at a time. Terminal
 control sequences (colours from a console logger or ``FORCE_COLOR``, tqdm's cursor moves) are
 removed first: they carry no value, and may sit inside a field, between its name and its number.
+A log that went through syslog (rsyslog, and the services that collect from it) has its control
+characters written as ``#`` and three octal digits: a progress bar's carriage return as ``#015``,
+a colour's escape as ``#033``; they are read as the characters they stand for.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ _TORCHX = re.compile(r"[\w.-]+/(\d+) (?=\[(?:default|rank)\d+\]:)")  # NeMo-Run 
 _TORCHRUN = re.compile(r"\[(?:default|rank)(\d+)\]:\s?")
 _PROCESS = re.compile(r"\([\w.-]+, pid=(\d+)(?:, ip=[\d.]+)?\)\s")
 _CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # ECMA-48 CSI: colours, cursor moves, erasing
+_SYSLOG_ESCAPES = {"#033": "\x1b", "#015": "\r"}  # rsyslog's EscapeControlCharactersOnReceive
 
 
 @dataclass(frozen=True)
@@ -99,17 +103,29 @@ def read_lines(path: Path) -> Iterator[Line]:
     """Every piece of text of the file in order, with its rank; pieces longer than MAX_PIECE_BYTES skipped."""
     number, rank, after_return = 1, None, False
     for piece, separator in _pieces(path):
-        if piece:
-            text = piece.decode("utf-8", errors="replace")
+        texts = _unescape_syslog(piece.decode("utf-8", errors="replace")) if piece else []
+        for index, text in enumerate(texts):
+            redraw = after_return or index > 0  # after a carriage return, real or written as #015
+            if not text:
+                continue
             if "\x1b" in text:
                 text = _CONTROL_SEQUENCE.sub("", text)
             own_rank, text = strip_prefixes(text)
-            if not after_return or own_rank is not None:
+            if not redraw or own_rank is not None:
                 rank = own_rank
-            yield Line(number, rank, text, after_return, cut=not separator)
+            yield Line(number, rank, text, redraw, cut=not separator and index == len(texts) - 1)
         after_return = separator == b"\r"
         if separator == b"\n":
             number, rank = number + 1, None
+
+
+def _unescape_syslog(text: str) -> list[str]:
+    """A piece of text with syslog's escapes read back, split where it holds carriage returns."""
+    if "#0" not in text:
+        return [text]
+    for escaped, character in _SYSLOG_ESCAPES.items():
+        text = text.replace(escaped, character)
+    return text.split("\r")
 
 
 def strip_prefixes(text: str) -> tuple[str | None, str]:
