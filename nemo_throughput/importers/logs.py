@@ -167,7 +167,7 @@ def _banner_counts(module: ModuleType, line: Line, rank: str | None) -> bool:
     """Megatron's rank 0 prints its banner and its last rank the steps: any rank's counts. NeMo's banner
     comes from the process that prints the steps: another rank's, late in an interleaved log, is not a
     restart of the one read."""
-    return line.rank == rank or not getattr(module, "BANNER_ON_STEP_RANK", False)
+    return line.rank == rank or not module.BANNER_ON_STEP_RANK
 
 
 def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | None, seq_length: int,

@@ -70,6 +70,7 @@ BRIDGE_STYLE = "Megatron-Bridge `Step Time :` lines"
 # the last printed iteration, so that no step number repeats.
 _PROCESS_START = re.compile(r"^\s*> initializing torch distributed\b")
 PROCESS_START = "`> initializing torch distributed`"
+BANNER_ON_STEP_RANK = False  # rank 0 prints the banner, the last rank the steps: any rank's counts
 
 
 def matches(text: str) -> bool:
