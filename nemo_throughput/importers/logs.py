@@ -198,12 +198,7 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
     tokens_checked = _check_stated_tokens(path, valid, seq_length, batch, num_gpus)
     stats.add(rank_rows([[StepTimes(s.step, s.seconds) for s in measured]]))
 
-    if spec is not None:
-        spec = ModelSpec.from_dict({**spec.to_dict(), "seq_length": seq_length})
-    if flops_per_sample is None:
-        flops_per_sample, flops_given = model_flops_per_sample(spec, flops_formula), False
-    else:
-        flops_given = True
+    spec, flops_per_sample, flops_given = _model_flops(spec, seq_length, flops_per_sample, flops_formula)
     peak_tflops, peak_source = resolve_peak(peak, gpu_name, dtype)
     facts = RunFacts(
         name=name or (path.stem if path.is_file() else path.name), label=label, global_batch_size=batch,
@@ -231,6 +226,14 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
         notes.append(f"the log's own tokens/s per GPU agree with --seq-length {seq_length} and --num-gpus {num_gpus} "
                      f"({tokens_checked} line(s) checked)")
     return Imported(summary, notes + [c.note for c in checks])
+
+
+def _model_flops(spec: ModelSpec | None, seq_length: int, given: float | None,
+                 formula: str) -> tuple[ModelSpec | None, float, bool]:
+    """The model's shape at the log's sequence length, its FLOPs per sample, and whether they were given."""
+    if spec is not None:
+        spec = ModelSpec.from_dict({**spec.to_dict(), "seq_length": seq_length})
+    return (spec, model_flops_per_sample(spec, formula), False) if given is None else (spec, given, True)
 
 
 def _flops_crosscheck(read: ReadLog, measured: list[Step], step_times: list[tuple[int, float, float]],
