@@ -22,6 +22,7 @@ from nemo_throughput.timing import StepTimes
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 MIXTRAL_LOG = Path(__file__).parent / "data" / "import" / "megatron_lm_mixtral_issue756.log"
+EVO2_LOG = MIXTRAL_LOG.with_name("nemo2_evo2_finetune_notebook.log")
 
 
 def spec(seq: int = 2048) -> ModelSpec:
@@ -124,6 +125,45 @@ def test_a_real_log_imported_twice_is_one_run(tmp_path, capsys):
     assert f"{again} is the same run as {once} (imported from {MIXTRAL_LOG}, the same steps): counted once" in err
     code, _, err = cli("compare", tmp_path, once, capsys=capsys)  # two "repeats" on one side
     assert code == 2 and "are the same run (imported from" in err
+
+
+def _import_evo2(log: Path, output: Path) -> Path:
+    assert main(["import", str(log), "--label", "bm", "--model", "gpt3-126m", "--seq-length", "2048", "--num-gpus",
+                 "16", "--output-dir", str(output)]) == 0
+    return output / log.stem / "summary.json"
+
+
+def test_a_real_log_renamed_or_copied_while_the_job_ran_is_one_run(tmp_path, capsys):
+    """The same log under another name, and a copy taken at step 49 (its steps the full log's first
+    16): three 'repeats' of one run, spread and count wrong. The longest copy is the run."""
+    real = EVO2_LOG.read_text()
+    renamed, partial = tmp_path / "renamed.out", tmp_path / "partial.out"
+    renamed.write_text(real)
+    partial.write_text(real[:real.index("Epoch 0, global step 49")])
+    summaries = [_import_evo2(log, tmp_path / name)
+                 for log, name in ((partial, "p"), (EVO2_LOG, "o"), (renamed, "r"))]
+    capsys.readouterr()
+    code, out, err = cli("report", *summaries, "--format", "json", capsys=capsys)
+    assert code == 0, err
+    (group,) = json.loads(out)["groups"]
+    assert group["runs"] == 1 and group["files"] == [str(summaries[1])]  # the full log's
+    shown = "imported, its first 10 steps printed with the same times: one log, copied or renamed"
+    assert f"{summaries[0]} is the same run as {summaries[1]} ({shown}): counted once, as {summaries[1]}" in err
+    assert f"{summaries[2]} is the same run as {summaries[1]} ({shown})" in err
+
+
+def test_short_logs_that_print_the_same_times_are_two_runs_unless_one_file(tmp_path, capsys):
+    """Six printed steps of two runs can coincide: another path is another run, as before."""
+    copy = tmp_path / "other_job.log"
+    copy.write_text(MIXTRAL_LOG.read_text())
+    first = import_log(tmp_path / "a")
+    assert main(["import", str(copy), "--label", "bm", "--model", "mixtral-8x7b", "--seq-length", "4096",
+                 "--num-gpus", "16", "--gpu-name", H100, "--dtype", "bf16", "--output-dir", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    code, out, err = cli("report", first, tmp_path / "b" / "other_job" / "summary.json", "--format", "json",
+                         capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["groups"][0]["runs"] == 2 and "the same run" not in err
 
 
 def test_one_log_imported_as_two_environments_is_refused(tmp_path, capsys):

@@ -122,16 +122,28 @@ class RunIdentity:
     shown: str = field(compare=False)
 
 
+# An imported log whose first this many steps print the same times as another's is the same run: a copy
+# under another name, or a copy taken while the job still ran (its steps a beginning of the other's).
+# Fewer printed steps could coincide between two runs; such a log is the same run only at the same path.
+STEPS_THAT_IDENTIFY = 10
+
+
 def run_identity(run_id: str, summary: dict[str, Any]) -> RunIdentity:
     """A run's identity: its run.id, which a copy of its summary keeps. An imported log gets a new
-    run.id at each import, so an imported run is also its log and the steps read from it (a log
-    overwritten by a later job at the same path gives other steps, so another run)."""
+    run.id at each import, so an imported run is its first printed steps and their times
+    (STEPS_THAT_IDENTIFY), or, in a shorter log, its path and its steps (a log overwritten by a later
+    job at the same path gives other steps, so another run)."""
     timing, environment = summary.get("timing") or {}, summary.get("environment") or {}
     source, steps = environment.get("imported_from"), timing.get("steps")
-    if isinstance(source, str) and isinstance(steps, list) and steps:
-        digest = hashlib.sha256(canonical([source, steps]).encode()).hexdigest()
-        return RunIdentity(f"log:{digest}", f"imported from {printable(source)}, the same steps")
-    return RunIdentity(f"run:{run_id}", f"run.id {printable(run_id)}")
+    if not isinstance(source, str) or not isinstance(steps, list) or not steps:
+        return RunIdentity(f"run:{run_id}", f"run.id {printable(run_id)}")
+    if len(steps) >= STEPS_THAT_IDENTIFY:
+        first = steps[:STEPS_THAT_IDENTIFY]
+        digest = hashlib.sha256(canonical(first).encode()).hexdigest()
+        return RunIdentity(f"steps:{digest}", f"imported, its first {STEPS_THAT_IDENTIFY} steps printed with the "
+                                              "same times: one log, copied or renamed")
+    digest = hashlib.sha256(canonical([source, steps]).encode()).hexdigest()
+    return RunIdentity(f"log:{digest}", f"imported from {printable(source)}, the same steps")
 
 
 def distinct_runs(runs: list[Run]) -> tuple[list[Run], list[str]]:
@@ -150,8 +162,11 @@ def distinct_runs(runs: list[Run]) -> tuple[list[Run], list[str]]:
             raise ReportError(f"{printable(original.path)} and {printable(run.path)} are the same run "
                               f"({run.identity.shown}) but differ in {', '.join(what)}; keep the one whose facts "
                               "are right")
+        if run.steps_counted > original.steps_counted:  # a log copied later in the run: the longer is kept
+            kept[kept.index(original)] = first[run.identity] = run
+            original, run = run, original
         notes.append(f"{printable(run.path)} is the same run as {printable(original.path)} ({run.identity.shown}): "
-                     "counted once")
+                     f"counted once, as {printable(original.path)}")
     return kept, notes
 
 
