@@ -156,16 +156,21 @@ def _import_mlperf(args: argparse.Namespace, progress: dict[str, str]) -> Writte
     before the first file's."""
     refuse_inapplicable_to_mlperf(args)
     _check_gpu_counts(args)
-    files, links = mlperf.result_files(args.logs)
+    found = mlperf.result_files(args.logs)
     imported = []
-    for path, name in zip(files, output_names(files), strict=True):
+    for path, name in zip(found.files, output_names(found.files), strict=True):
         progress["at"] = str(path)
-        summary, _ = mlperf.import_result(path, label=args.label, name=name, num_gpus=args.num_gpus,
-                                          gpus_per_node=args.gpus_per_node, ruleset=args.ruleset,
-                                          orchestrator=args.orchestrator, gpu_name=args.gpu_name)
+        try:
+            summary, _ = mlperf.import_result(path, label=args.label, name=name, num_gpus=args.num_gpus,
+                                              gpus_per_node=args.gpus_per_node, ruleset=args.ruleset,
+                                              orchestrator=args.orchestrator, gpu_name=args.gpu_name)
+        except mlperf.NotAResultFile as error:
+            found.leave_out(path, error)
+            continue
         imported.append((_summary_path(args.output_dir, name), summary))
+    found.refuse_if_none(len(imported))
     mlperf.note_byte_copies([summary for _, summary in imported])
-    once = (*links, *(() if args.ruleset else (mlperf.unnamed_round_note([summary for _, summary in imported]),)))
+    once = (*found.notes(), *(() if args.ruleset else (mlperf.unnamed_round_note([s for _, s in imported]),)))
     return [(path, summary, functools.partial(say_mlperf_imported, summary=summary,
                                               notes=summary["time_to_train"]["notes"], once=once if i == 0 else ()))
             for i, (path, summary) in enumerate(imported)]
@@ -323,7 +328,8 @@ MLPERF_UNREADABLE = ("could not read it as an MLPerf result file",
 
 def say_mlperf_warning(note: str, where: str | None = None) -> None:
     """Every warning of an MLPerf import, in the one format of `import` (`notice`)."""
-    print(notice(where, f"warning: {note}") if where else f"nemo-throughput import: warning: {note}", file=sys.stderr)
+    message = f"warning: {printable(note)}"  # notes quote the files: a log's text must not drive the terminal
+    print(notice(where, message) if where else f"nemo-throughput import: {message}", file=sys.stderr)
 
 
 def say_mlperf_imported(target: Path, summary: dict[str, Any], notes: list[str], once: tuple[str, ...] = ()) -> None:
@@ -335,7 +341,7 @@ def say_mlperf_imported(target: Path, summary: dict[str, Any], notes: list[str],
     ttt = summary["time_to_train"]
     minutes = f"{ttt['minutes']:.2f} min" if ttt["minutes"] is not None else "no time to train"
     rate = summary["throughput"]["samples_per_s"]
-    print(f"{printable(target)}: {ttt['benchmark']} on {printable(summary['run']['label'])} "
+    print(f"{printable(target)}: {printable(ttt['benchmark'])} on {printable(summary['run']['label'])} "
           f"({summary['hardware']['num_gpus']} accelerators), {minutes}, {ttt['status'] or 'no status'}, "
           f"{'compliant' if ttt['compliant'] else 'NOT compliant'} ({ttt['ruleset']})"
           + (f", {rate:,.4g} samples/s" if rate is not None else ""))
