@@ -35,6 +35,7 @@ HPE_N2, HPE_N4 = (HPE / "results" / f"HPE-Cray-XD670-H200-SXM5-141GB_n{n}_24.09"
 SUPERMICRO_DLRM = V5 / "Supermicro" / "results" / "SYS-821GE-TNHR" / "dlrm_dcnv2"
 GOOGLE_V5 = V5 / "Google"  # TPU logs state no counts (and a platform of "tpu-trillium"): only systems/ does
 RULESET_V5 = "5.0.0"
+V20, V30, V31 = DATA / "v2.0", DATA / "v3.0", DATA / "v3.1"  # whole benchmark folders of older rounds (ORIGIN.md)
 V41, V51 = DATA / "v4.1", DATA / "v5.1"  # single runs of v4.1 and v5.1 submissions, in the repository's layout
 EOS_GPT3 = V41 / "NVIDIA" / "results" / "eos_n64_ngc24.09_nemo" / "gpt3"  # NVIDIA's gpt3: throughput in tokens/s
 AMD_LLAMA8B = V51 / "AMD" / "results" / "MI355X_EPYC_9575F_pytorch" / "llama31_8b"  # states max_sequence_length
@@ -260,21 +261,30 @@ def test_without_a_ruleset_the_round_checked_against_is_said_to_be_a_guess(tmp_p
 
 def summarizer_rows(submitter: Path, ruleset: str, workdir: Path) -> list[dict]:
     """result_summarizer's strong-scaling table of a submitter folder, one row per system, as the
-    `python -m mlperf_logging.result_summarizer FOLDER training RULESET` command prints it (it
-    writes a summary.json into the working directory: `workdir`, not the checkout)."""
+    `python -m mlperf_logging.result_summarizer FOLDER training RULESET` command prints it. It writes:
+    a summary.json into the working directory, and a scaling.json of its RCP check into a closed
+    benchmark's folder that has none (v3.0 Intel-HabanaLabs gpt3): both into `workdir`, on a copy."""
     cwd = os.getcwd()
     workdir.mkdir()
+    copy = shutil.copytree(submitter, workdir / submitter.name)
     os.chdir(workdir)
     try:
-        table, *_ = result_summarizer.summarize_results(str(submitter.resolve()), "training", ruleset)
+        table, *_ = result_summarizer.summarize_results(str(copy), "training", ruleset)
     finally:
         os.chdir(cwd)
     return table.to_dict("records")
 
 
-@pytest.mark.parametrize("submitter", (HPE, GOOGLE_V5, V5 / "Supermicro"), ids=lambda f: f.name)
-def test_a_whole_submission_imports_with_the_counts_of_its_systems_files(capsys, tmp_path, submitter):
-    code, err = run_import(capsys, submitter, out=tmp_path, ruleset=RULESET_V5)
+# Whole submissions of several rounds, accelerators and systems files (ORIGIN.md): (submitter folder, round's ruleset)
+WHOLE_SUBMISSIONS = ((HPE, RULESET_V5), (GOOGLE_V5, RULESET_V5), (V5 / "Supermicro", RULESET_V5),
+                     (V20 / "MosaicML", "2.0.0"), (V20 / "Google", "2.0.0"), (V30 / "Intel-HabanaLabs", "3.0.0"),
+                     (V31 / "Google", "3.1.0"))
+
+
+@pytest.mark.parametrize(("submitter", "ruleset"), WHOLE_SUBMISSIONS,
+                         ids=lambda f: "/".join(f.parts[-2:]) if isinstance(f, Path) else f)
+def test_a_whole_submission_imports_with_the_counts_of_its_systems_files(capsys, tmp_path, submitter, ruleset):
+    code, err = run_import(capsys, submitter, out=tmp_path, ruleset=ruleset)
     assert code == 0, err
     imported = summaries(tmp_path)
     assert len(imported) == len(list(submitter.glob("results/*/*/result_*.txt")))
@@ -283,7 +293,7 @@ def test_a_whole_submission_imports_with_the_counts_of_its_systems_files(capsys,
             for g in groups}
     benchmarks = {folder.name for folder in submitter.glob("results/*/*")}
     theirs = {(benchmark, int(row["number_of_nodes"]), row["accelerators_count"], row["system"]): row[benchmark]
-              for row in summarizer_rows(submitter, RULESET_V5, tmp_path / "summarizer") for benchmark in benchmarks
+              for row in summarizer_rows(submitter, ruleset, tmp_path / "summarizer") for benchmark in benchmarks
               if row[benchmark] == row[benchmark]}  # NaN: the system did not submit the benchmark
     assert {key: str(score) for key, score in ours.items()} == {key: str(score) for key, score in theirs.items()}
     for summary in imported.values():  # every count from systems/<system>.json, and said so
@@ -501,7 +511,7 @@ def test_the_speedup_baseline_is_the_fewest_nodes_of_one_system_family():
                                    "smallest size of one system family") for note in member.notes)
 
 
-IMPLAUSIBLE = ('"eight"', '"\\u00b2"', '"\\u0663"', str(10 ** 30), f'"{10 ** 30}"', "-1", '"-1"', "true", "8.5", '""')
+IMPLAUSIBLE = ('"eight"', '"8.0"', '"\\u00b2"', '"\\u0663"', str(10 ** 30), f'"{10 ** 30}"', "-1", '"-1"', "true", "8.5", '""')
 
 
 @pytest.mark.parametrize("value", IMPLAUSIBLE)

@@ -311,13 +311,14 @@ def _count(desc: dict[str, Any], key: str, path: Path) -> int:
 
 
 def plausible_count(value: Any) -> tuple[int | None, str | None]:
-    """(count, None) for a whole number from 1 to MAX_COUNT, stated as an int or as a string of ASCII
-    digits (the counts are strings in some submissions, integers in others); else (None, what is
-    wrong with it): words, "²" or other Unicode digits, 8.0, true, 0, -1, 10**30."""
+    """(count, None) for a whole number from 1 to MAX_COUNT, stated as a JSON number (1 or 1.0: MosaicML's
+    v2.0 systems file says ``"number_of_nodes": 1.0``, which result_summarizer's int() takes) or as a
+    string of ASCII digits (the counts are strings in some submissions, integers in others); else
+    (None, what is wrong with it): words, "²" or other Unicode digits, "8.0", 8.5, true, 0, -1, 10**30."""
     text = value.strip() if isinstance(value, str) else ""
     if len(text) > len(str(MAX_COUNT)) and whole_number(text) is not None:  # not even converted
         return None, f"is more than {MAX_COUNT:,}: not a plausible count"
-    count = value if is_int(value) else whole_number(text)
+    count = value if is_int(value) else _whole_float(value) if isinstance(value, float) else whole_number(text)
     if count is None:
         return None, "is not a whole number"
     if count <= 0:
@@ -325,6 +326,10 @@ def plausible_count(value: Any) -> tuple[int | None, str | None]:
     if count > MAX_COUNT:
         return None, f"is more than {MAX_COUNT:,}: not a plausible count"
     return count, None
+
+
+def _whole_float(value: float) -> int | None:
+    return int(value) if value.is_integer() else None  # inf and nan are not whole
 
 
 @dataclass
