@@ -473,9 +473,10 @@ def test_runs_of_one_label_on_different_node_counts_are_never_one_group(capsys, 
     assert sorted((g["num_nodes"], g["num_gpus"], g["time_to_train_minutes"]["runs"]) for g in groups) == [
         (2, 16, 3), (4, 16, 3)]
     # the same files, imported twice as two sizes: said of each group
-    assert ("note: gpt3 on same, cloud-tpu-v5p-1024-maxtext (2 node(s), 16 GPUs): 3 of its result files (e.g. "
-            f"{GOOGLE / 'result_0.txt'}) have the bytes of result files reported under same on "
-            "cloud-tpu-v5p-1024-maxtext (4 node(s), 16 GPUs): the same runs, imported as two systems or sizes") \
+    assert ("note: gpt3 on same, cloud-tpu-v5p-1024-maxtext (2 node(s), 16 accelerators): 3 of its result files "
+            f"(e.g. {GOOGLE / 'result_0.txt'}) have the bytes of result files reported under same on "
+            "cloud-tpu-v5p-1024-maxtext (4 node(s), 16 accelerators): the same runs, imported as two systems or "
+            "sizes") \
         in captured.err
 
 
@@ -511,7 +512,8 @@ def test_the_speedup_baseline_is_the_fewest_nodes_of_one_system_family():
                                    "smallest size of one system family") for note in member.notes)
 
 
-IMPLAUSIBLE = ('"eight"', '"8.0"', '"\\u00b2"', '"\\u0663"', str(10 ** 30), f'"{10 ** 30}"', "-1", '"-1"', "true", "8.5", '""')
+IMPLAUSIBLE = ('"eight"', '"8.0"',  # "8.0" as text: result_summarizer's int() refuses it too
+               '"\\u00b2"', '"\\u0663"', str(10 ** 30), f'"{10 ** 30}"', "-1", '"-1"', "true", "8.5", '""')
 
 
 @pytest.mark.parametrize("value", IMPLAUSIBLE)
@@ -974,6 +976,19 @@ def test_the_line_printed_per_file_says_accelerators_as_a_tpu_is_no_gpu(capsys, 
     assert code == 0, captured.err
     assert "result_0/summary.json: gpt3 on tpu-v5p (1024 accelerators), " in captured.out and "GPU" not in captured.out
     assert "1024 accelerators as given, on 128 node(s) of 8" in captured.err and "GPU" not in captured.err
+
+
+def test_the_time_to_train_table_counts_gpus_only_where_every_accelerator_is_named_as_one(capsys, tmp_path):
+    for submitter, ruleset in ((V31 / "Google", "3.1.0"), (V30 / "Intel-HabanaLabs", "3.0.0")):  # TPU v5e, Gaudi2
+        assert run_import(capsys, submitter, out=tmp_path / "tpu_gaudi" / submitter.name, ruleset=ruleset)[0] == 0
+    assert run_import(capsys, EOS_8, out=tmp_path / "h100")[0] == 0
+    for folder, word in (("tpu_gaudi", "accelerators"), ("h100", "GPUs")):
+        assert main(["report", str(tmp_path / folder)]) == 0
+        table = capsys.readouterr().out.split("Time to train")[1].splitlines()
+        header = next(line for line in table if line.startswith("benchmark"))
+        assert header.split()[4] == word and ("GPUs" in header) == (word == "GPUs")
+        groups = report_json(capsys, tmp_path / folder)["time_to_train"]
+        assert all(g["speedup_over"].endswith(f"{g['num_gpus']} {word})") for g in groups)
 
 
 def test_a_run_stop_without_a_status_is_said_to_state_none(capsys, tmp_path):

@@ -22,7 +22,7 @@ from nemo_throughput.report.grouping import (
     step_time_fields,
     step_time_records,
 )
-from nemo_throughput.report.time_to_train import TrainGroup
+from nemo_throughput.report.time_to_train import TrainGroup, accelerators_word
 from nemo_throughput.text import csv_cell, markdown_cell, printable
 
 DIFF_SIGN = "diff % = 100 x (baseline - other) / baseline: positive when the other environment is slower"
@@ -295,8 +295,8 @@ TIME_TO_TRAIN_TITLE = "Time to train (minutes, run_start to run_stop; olympic av
 
 
 def _time_to_train_rows(groups: list[TrainGroup]) -> tuple[list[str], list[list[str]], set[int]]:
-    header = ["benchmark", "label", "system", "nodes", "GPUs", "runs", "converged", "olympic min", "mean min",
-              "± 2σ min", "speedup", "scaling eff"]
+    header = ["benchmark", "label", "system", "nodes", accelerators_word(g.accelerator for g in groups), "runs",
+              "converged", "olympic min", "mean min", "± 2σ min", "speedup", "scaling eff"]
     rows = []
     for g in groups:
         t = g.time_to_train_minutes

@@ -5,7 +5,9 @@ the smallest size of the same system family."""
 
 from __future__ import annotations
 
+import re
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from operator import attrgetter
@@ -15,6 +17,16 @@ UNET3D_DROPPED = 4  # result_summarizer drops 4 from each end for unet3d (40 run
 UNSTATED_SYSTEM = ("the runs state no system (no <system>/<benchmark>/ folder, no system name; or imported by a "
                    "version that did not record it: import them again): the runs of this label, node and GPU count "
                    "are taken as one system")
+
+# An accelerator named as a GPU (its maker, its family or a model such as H100, MI300X, GB200); TPUs, Gaudis, IPUs
+# and CPUs are not. Anything else, or no name stated, is counted as "accelerators": always true.
+_GPU_NAME = re.compile(r"nvidia|amd|gpu|geforce|rtx|tesla|radeon|instinct|\bmi\d{3}|\b(?:gb|[abhlv])\d{2,3}", re.I)
+
+
+def accelerators_word(accelerators: Iterable[str | None]) -> str:
+    """What to call the accelerators counted: "GPUs" only where every one is named as a GPU."""
+    names = list(accelerators)
+    return "GPUs" if names and all(name and _GPU_NAME.search(name) for name in names) else "accelerators"
 
 
 @dataclass
@@ -38,7 +50,8 @@ class TrainGroup:
 
     @property
     def shown(self) -> str:
-        return f"{self.system or '(no system stated)'} ({self.num_nodes} node(s), {self.num_gpus} GPUs)"
+        return (f"{self.system or '(no system stated)'} ({self.num_nodes} node(s), {self.num_gpus} "
+                f"{accelerators_word([self.accelerator])})")
 
 
 class GroupKey(NamedTuple):
@@ -128,7 +141,8 @@ def _copies_across(by_key: dict[GroupKey, list[Any]]) -> dict[GroupKey, list[str
                     shared.setdefault(key, {}).setdefault(other, []).append(source)
     return {key: [f"{len(sources)} of its result files (e.g. {sorted(sources)[0]}) have the bytes of result files "
                   f"reported under {other.label} on {other.directory or other.name or '(no system stated)'} "
-                  f"({other.num_nodes} node(s), {other.num_gpus} GPUs): the same runs, imported as two systems or "
+                  f"({other.num_nodes} node(s), {other.num_gpus} {accelerators_word([other.accelerator])}): the same "
+                  "runs, imported as two systems or "
                   "sizes (import them once, with the counts of the system that ran them)"
                   for other, sources in sorted(others.items())] for key, others in shared.items()}
 
