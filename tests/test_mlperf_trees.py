@@ -179,3 +179,91 @@ def test_a_file_and_a_folder_without_read_permission_are_left_out_and_refused_wh
     finally:
         closed.chmod(0o644)
         locked.chmod(0o755)
+
+
+def with_text(target: Path, text: str) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="latin-1")
+    return target
+
+
+def eos_text() -> str:
+    return (EOS_8 / "result_0.txt").read_text(encoding="latin-1")
+
+
+def mllog_line_of(text: str, key: str) -> str:
+    return next(line for line in text.splitlines(keepends=True) if f'"key": "{key}"' in line)
+
+
+def test_a_malformed_mllog_line_is_counted_and_said_and_the_rest_reads_the_same(capsys, tmp_path):
+    text = eos_text()
+    start = mllog_line_of(text, "run_start")
+    broken = ':::MLLOG {"namespace": "", "time_ms": 1714861400000, "key": "eval_accuracy", "value": 0.9, \n'
+    log = with_text(tmp_path / "broken" / "result_0.txt", text.replace(start, start + broken))
+    code, err = run_import(capsys, EOS_8 / "result_0.txt", log, out=tmp_path / "out")
+    assert code == 0, err
+    plain, malformed = (summaries(tmp_path / "out")[name]["time_to_train"] for name in ("llama2_70b_lora-result_0",
+                                                                                         "broken-result_0"))
+    assert malformed["minutes"] == plain["minutes"] and malformed["evals"] == plain["evals"]
+    assert "1 :::MLLOG line(s) could not be parsed" in malformed["notes"]
+
+
+def test_a_copy_cut_in_its_run_stop_line_is_an_interrupted_run_never_a_converged_one(capsys, tmp_path):
+    text = eos_text()
+    stop = mllog_line_of(text, "run_stop")
+    cut = text[:text.index(stop) + len(stop) // 2]  # a partial copy: the bytes end mid-line
+    log = with_text(tmp_path / "cut" / "result_0.txt", cut)
+    code, err = run_import(capsys, log, out=tmp_path / "out")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    ttt = summary["time_to_train"]
+    assert summary["status"] == "interrupted" and ttt["minutes"] is None and not ttt["converged"]
+    assert ttt["run_start_ms"] == run_ends(EOS_8 / "result_0.txt")[0] and ttt["run_stop_ms"] is None
+    assert "1 :::MLLOG line(s) could not be parsed" in ttt["notes"] and not ttt["compliant"]
+
+
+def test_a_huge_line_of_noise_leaves_the_figures_as_they_are(capsys, tmp_path):
+    text = eos_text()
+    start = mllog_line_of(text, "run_start")
+    noise = "x" * (32 * 1024 ** 2) + "\n"  # 32 MiB without a line break, as a runaway print leaves one
+    log = with_text(tmp_path / "huge" / "result_0.txt", text.replace(start, start + noise) + noise.rstrip("\n"))
+    code, err = run_import(capsys, log, out=tmp_path / "out")
+    assert code == 0, err
+    (summary,) = summaries(tmp_path / "out").values()
+    start_ms, stop_ms = run_ends(EOS_8 / "result_0.txt")
+    assert summary["time_to_train"]["minutes"] == (stop_ms - start_ms) / 60 / 1000
+    assert summary["time_to_train"]["converged"] and len(err) < 4096  # nothing of the line is echoed
+
+
+def test_escape_sequences_in_a_system_name_never_reach_the_console(capsys, tmp_path):
+    hostile = "\x1b]0;owned\x07\x1b[2J\x1b[31mEos\x9b1m"
+    submitter = tmp_path / "NVIDIA"
+    benchmark = submitter / "results" / EOS_8.parent.name / EOS_8.name
+    good_copy(benchmark)
+    (submitter / "systems").mkdir()
+    (submitter / "systems" / f"{EOS_8.parent.name}.json").write_text(json.dumps(
+        {"system_name": hostile, "accelerator_model_name": hostile, "submitter": hostile, "number_of_nodes": "2",
+         "accelerators_per_node": "4"}))  # counts the log contradicts (1 x 8): a warning quotes the file
+    assert main(["import", "--format", "mlperf", str(submitter), "--output-dir", str(tmp_path / "out"),
+                 "--ruleset", RULESET]) == 0
+    imported = capsys.readouterr()
+    assert main(["report", str(tmp_path / "out")]) == 0
+    reported = capsys.readouterr()
+    (summary,) = summaries(tmp_path / "out").values()
+    assert summary["run"]["label"] == hostile  # kept as the file states it; only what is shown is made printable
+    for shown in (imported.out, imported.err, reported.out, reported.err):
+        assert "\x1b" not in shown and "\x9b" not in shown and "\x07" not in shown
+    assert "on Eos (8 accelerators)" in imported.out and "the log states 1 node(s) x 8 accelerators" in imported.err
+
+
+def test_escape_sequences_in_a_logs_benchmark_never_reach_the_console(capsys, tmp_path):
+    stated = '"key": "submission_benchmark", "value": "llama2_70b_lora"'
+    text = eos_text()
+    assert stated in text
+    log = with_text(tmp_path / "esc" / "result_0.txt",
+                    text.replace(stated, stated.replace('"llama2', '"\\u001b[2J\\u001b]0;owned\\u0007llama2')))
+    code = main(["import", "--format", "mlperf", str(log), "--output-dir", str(tmp_path / "out"), "--ruleset", RULESET])
+    shown = capsys.readouterr()
+    assert code == 0, shown.err
+    assert not any(ch in shown.out + shown.err for ch in "\x1b\x07\x9b")
+    assert ": llama2_70b_lora on Eos (8 accelerators)" in shown.out
