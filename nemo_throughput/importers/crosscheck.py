@@ -1,20 +1,19 @@
-"""The facts given to `import` checked against the model TFLOP/s per GPU a Megatron log states.
+"""The facts given to `import` checked against the model TFLOP/s per GPU a log states.
 
 An import's MFU and model TFLOP/s come from --model/--model-spec, --seq-length, the batch and
 --num-gpus: a wrong one (an 8B preset for a 70B run, 8 GPUs for 64) makes them wrong without a
-word. Megatron-LM (``--log-throughput``), Megatron-Bridge and AMD Primus print their own figure,
+word. Megatron-LM, Megatron-Bridge, AMD Primus and NeMo 2's FLOPs callback print their own figure,
 counted from the run's real configuration::
 
-    TFLOP/s per GPU = FLOPs per sample x global batch / seconds per iteration / world size / 1e12
+    TFLOP/s per GPU = FLOPs per sample x global batch / seconds per step / world size / 1e12
 
-so every such line states the FLOPs per sample its framework counted, given our GPU count and
-batch: TFLOP/s x 1e12 x seconds x --num-gpus / batch. That is compared with ours under the same
-count, ``flops.model_flops_per_sample(spec, "megatron")``, and, where that disagrees, the counts
-Megatron-LM printed before (full s x s attention in 2024; a 4h, ungated MLP in its first version,
-late 2023). Tolerance: the printed digits (TFLOP/s to 0.1, the time to 0.1 ms or Bridge's 10 ms)
-and the vocabulary padding one count may have and the other not (at most 128 x TP rows, TP within
-a node). Details our spec cannot describe (multi-latent or sliding-window attention, multi-token
-prediction, packed sequences) have no tolerance: they are named as causes instead.
+so every such figure states the FLOPs per sample its framework counted, given our GPU count and
+batch: TFLOP/s x 1e12 x seconds x --num-gpus / batch. That is compared with ours under the counts
+the framework printed (importers.crosscheck_megatron, importers.crosscheck_nemo). Tolerance: the
+printed digits of both numbers, the spread of step times where the figure may be another step's
+mean, and the vocabulary padding one count may have and the other not (at most 128 x TP rows, TP
+within a node). Details our spec cannot describe (multi-latent or sliding-window attention,
+multi-token prediction, packed sequences) have no tolerance: they are named as causes instead.
 
 A disagreement is a warning, never a refusal: the log's own count can be the wrong one (a
 Megatron-Bridge run counts its model's ``seq_length``, which need not be the data's).
@@ -24,38 +23,31 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_throughput.config import LARGEST_BATCH_OR_LENGTH
 from nemo_throughput.flops import FORMULAS, ModelSpec, flops_terms
-from nemo_throughput.importers import megatron
-from nemo_throughput.importers.lines import read_lines
-from nemo_throughput.importers.steps import Step
 
-ITERATION_FIELD = "`... per GPU (TFLOP/s/GPU)` of the iteration lines"
-STEP_TIME_FIELD = "`GPU utilization: ... TFLOP/s/GPU` of Megatron-Bridge's `Step Time :` lines"
-TFLOPS_UNIT = 0.1  # every framework prints the figure with {:.1f}
-ITERATION_TIME_UNIT = 1e-4  # `elapsed time per iteration (ms): {:.1f}`, in seconds
-STEP_TIME_UNIT = 1e-2  # Bridge's `Step Time : {:.2f}s`
 SAFETY = 1.5  # on the rounding bound, as for the tokens/s check (logs.ROUNDED)
 VOCAB_MULTIPLE = 128  # Megatron pads the vocabulary to 128 x TP; Bridge to a power of two up to 128, x TP
 SEQ_GRANULE = 1024  # sequence lengths named as a cause are multiples of it (or powers of two below it)
 MAX_GPUS = 1_000_000  # a GPU count named as a cause is one import accepts (importers.mlperf.MAX_COUNT)
 MAX_LISTED = 10
+AGREEING = ("agree", "agree_with_earlier_count", "agree_with_framework_count")
 
 
 @dataclass(frozen=True)
 class StatedRate:
     """One line's own TFLOP/s per GPU, with the time and batch it was computed from."""
 
-    line: int
+    line: int  # or the value's place in event files
     tflops: float  # as printed: may be NaN, infinite, zero or negative
-    seconds: float  # the time per iteration it divides by, as printed
+    seconds: float  # the time per step it divides by, as printed
+    tflops_unit: float  # what the figure is printed to
     time_unit: float  # what that time is printed to, in seconds
     batch: int
+    spread: float = 0.0  # relative spread of the step times the figure may be the mean of, where not its own
 
     @property
     def usable(self) -> bool:
@@ -68,18 +60,20 @@ class StatedRate:
     @property
     def rounding(self) -> float:
         """Relative error its printed digits allow (half a unit of each of the two numbers)."""
-        return TFLOPS_UNIT / 2 / self.tflops + self.time_unit / 2 / self.seconds
+        return self.tflops_unit / 2 / self.tflops + self.time_unit / 2 / self.seconds
 
 
 @dataclass(frozen=True)
 class Count:
     """A FLOPs count to compare with: its FLOPs per sample, and what may move it (padding)."""
 
-    name: str  # megatron, full-attention, 4h-mlp, given
+    name: str  # megatron, full-attention, 4h-mlp, nemo-formula, nemo-formula-full-attention, given
     what: str  # in words, for notes
     flops_per_sample: float
     terms: tuple[float, float] | None = None  # (per token, per token pair): to solve for a sequence length
     padding: float = 0.0  # relative share the vocabulary padding may add or take
+    verdict: str = "agree"  # what every line agreeing with it means (agree: the facts and our current count)
+    remark: str = ""  # what that agreement says of the run, for notes
 
     def flops_at(self, seq_length: int) -> float:
         per_token, per_pair = self.terms
@@ -98,6 +92,11 @@ class Facts:
     num_nodes: int
     peak_tflops: float | None = None
     formula: str = "megatron"  # the summary's own --flops-formula
+    framework_counts: str = ""  # the framework's counts a disagreement may come from, named with the model
+
+    @property
+    def gpus_per_node(self) -> int:
+        return math.ceil(self.num_gpus / self.num_nodes)
 
 
 @dataclass
@@ -105,7 +104,7 @@ class Result:
     """The check of one field of a log."""
 
     field: str
-    verdict: str  # agree, agree_with_earlier_count, mixed, disagree, unusable, skipped
+    verdict: str  # agree, agree_with_earlier_count, agree_with_framework_count, mixed, disagree, unusable, skipped
     lines: int = 0
     count: Count | None = None  # the count the lines agree with
     log_tflops: float | None = None  # medians over the usable lines
@@ -113,6 +112,7 @@ class Result:
     ours_tflops: float | None = None  # under the current count
     ratio: float | None = None  # the log's / ours
     allowance: float | None = None
+    spread: bool = False  # whether the allowance holds a step-time spread (not recorded: the note says it)
     disagreeing: list[int] = field(default_factory=list)
     unusable: list[int] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)
@@ -130,63 +130,23 @@ class Result:
                 "lines_without": self.missing, "causes": self.causes, "note": self.note}
 
 
-# ------------------------------------------------------------------ what the log states
-def iteration_rates(steps: Iterable[Step], batch: int) -> list[StatedRate]:
-    """The TFLOP/s per GPU the iteration lines state, each with its own time and batch."""
-    return [StatedRate(s.line, s.tflops_per_gpu, s.seconds, ITERATION_TIME_UNIT, s.global_batch_size or batch)
-            for s in steps if s.tflops_per_gpu is not None]
-
-
-def read_step_times(path: Path) -> list[tuple[int, float, float]]:
-    """(line, seconds, TFLOP/s per GPU) of every Bridge `Step Time :` line, whichever rank printed it
-    (rank 0 does, not the rank whose steps are read)."""
-    return [(line.number, *found) for line in read_lines(path) if (found := megatron.bridge_step_time(line.text))]
-
-
-def step_time_rates(step_times: list[tuple[int, float, float]], steps: list[Step],
-                    batch: int) -> tuple[list[StatedRate], str | None]:
-    """Bridge's `Step Time :` figures, with their own time (rounded to 10 ms), and why they are not
-    checked: they name no iteration, so only a batch the whole log keeps can be theirs."""
-    rates = [StatedRate(line, tflops, seconds, STEP_TIME_UNIT, batch) for line, seconds, tflops in step_times]
-    if {s.global_batch_size for s in steps if s.global_batch_size is not None} - {batch}:
-        return rates, "the batch changes within the log, and these lines name no iteration to take it from"
-    return rates, None
-
-
 # ------------------------------------------------------------------ the counts compared with
-def counts_for(spec: ModelSpec | None, given_flops: float | None, gpus_per_node: int) -> list[Count]:
-    """The counts to compare with, the current one first: a figure given as is, else the model's under
-    Megatron's current count and the two it printed before."""
-    if given_flops is not None or spec is None:
-        return [Count("given", "--flops-per-sample as given (its convention not known)", given_flops)]
-    padding = _padding_share(spec, gpus_per_node)
-    counts = [_count("megatron", "Megatron's current count (causal attention halved)", spec, "megatron", padding),
-              _count("full-attention", "Megatron-LM's 2024 count (full s x s attention)", spec, "dgxc", padding)]
-    first = _first_megatron_lm_spec(spec)
-    if first is not None:
-        counts.append(_count("4h-mlp", "Megatron-LM's first count (late 2023: every MLP 4h wide, ungated, dense)",
-                             first, "dgxc", padding))
-    return counts
+GIVEN = Count("given", "--flops-per-sample as given (its convention not known)", math.nan)
 
 
-def _count(name: str, what: str, spec: ModelSpec, formula: str, padding: float) -> Count:
+def given_count(flops_per_sample: float) -> list[Count]:
+    """The one count there is when FLOPs per sample are given as is."""
+    return [Count(GIVEN.name, GIVEN.what, flops_per_sample)]
+
+
+def count(name: str, what: str, spec: ModelSpec, formula: str, padding: float, **meaning: str) -> Count:
+    """``spec``'s count under ``formula``; ``meaning``: the Count's verdict and remark."""
     terms = flops_terms(spec, formula)
     s = spec.seq_length
-    return Count(name, what, terms[0] * s + terms[1] * s * s, terms, padding)
+    return Count(name, what, terms[0] * s + terms[1] * s * s, terms, padding, **meaning)
 
 
-def _first_megatron_lm_spec(spec: ModelSpec) -> ModelSpec | None:
-    """The shape Megatron-LM's first count assumed (its 60 x B s L h^2 (...) formula): the model's
-    layers, heads, groups and vocabulary, every MLP dense, ungated and 4h wide, heads h/n wide. That
-    count with full attention is exactly flops.py's `dgxc` formula on this shape."""
-    if spec.hidden_size % spec.num_attention_heads:
-        return None
-    return replace(spec, ffn_hidden_size=4 * spec.hidden_size, gated_linear_unit=False, kv_channels=None,
-                   num_moe_experts=None, moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None,
-                   moe_layer_freq=1)
-
-
-def _padding_share(spec: ModelSpec, gpus_per_node: int) -> float:
+def padding_share(spec: ModelSpec, gpus_per_node: int) -> float:
     """The share of a sample's FLOPs that vocabulary padding can make: the logits GEMM (3 x 2 x h x V per
     token) of up to 128 x TP - 1 more rows, TP at most a node's GPUs."""
     rows = VOCAB_MULTIPLE * max(gpus_per_node, 1) - 1
@@ -210,7 +170,7 @@ def check(field_name: str, rates: list[StatedRate], counts: list[Count], facts: 
     if agreeing[best.name]:
         result.count = best
     if len(agreeing[best.name]) == len(usable):
-        result.verdict = "agree" if best is counts[0] else "agree_with_earlier_count"
+        result.verdict = best.verdict
         return result
     result.verdict = "mixed" if agreeing[best.name] else "disagree"
     result.causes = causes(result.log_flops_per_sample, result.allowance, result.log_tflops, counts, facts)
@@ -226,10 +186,11 @@ def _compare(result: Result, usable: list[StatedRate], count: Count, num_gpus: i
                                            for r in usable)
     result.ratio = statistics.median(r.flops_per_sample(num_gpus) / count.flops_per_sample for r in usable)
     result.allowance = max(_allowance(r, count) for r in usable)
+    result.spread = any(r.spread for r in usable)
 
 
 def _allowance(rate: StatedRate, count: Count) -> float:
-    return SAFETY * rate.rounding + count.padding
+    return SAFETY * rate.rounding + rate.spread + count.padding
 
 
 def _agrees(rate: StatedRate, count: Count, num_gpus: int) -> bool:
@@ -247,12 +208,13 @@ def causes(implied: float, allowance: float, log_tflops: float, counts: list[Cou
     found = _above_peak(log_tflops, facts)
     for cause in (_gpu_cause, _batch_cause, _seq_length_cause):
         found += [text] if (text := cause(implied, allowance, counts, facts)) else []
-    if counts[0].name == "given":
+    if counts[0].name == GIVEN.name:
         return [*found, "--flops-per-sample is not this run's, or is of another convention (`dgxc` counts attention "
                         "in full)"]
     return [*found, f"{facts.model} is not the run's model (another size, vocabulary, number of experts or top-k), or "
                     "the run has what a model spec does not describe (multi-latent or sliding-window attention, "
-                    "multi-token prediction, packed sequences: their attention is counted per sequence)"]
+                    "multi-token prediction, packed sequences: their attention is counted per sequence)"
+                    + (f", or {facts.framework_counts}" if facts.framework_counts else "")]
 
 
 def _above_peak(log_tflops: float, facts: Facts) -> list[str]:
@@ -329,16 +291,16 @@ def note(result: Result, facts: Facts, counts: list[Count]) -> str:
     if result.verdict == "unusable":
         return (f"warning: the log's own model TFLOP/s per GPU, {result.field}, is no number a run could measure "
                 f"(NaN, infinite, zero or negative) on all its {lines}: the facts given are not cross-checked")
+    spread = ", the spread of the step times it may average" if result.spread else ""
     given = (f"{facts.model}, --seq-length {facts.seq_length:,}, global batch {facts.batch:,} and --num-gpus "
              f"{facts.num_gpus:,}")
     figures = (f"{result.log_tflops:,.1f} in the log ({result.log_flops_per_sample:.4g} FLOPs per sample), "
                f"{result.ours_tflops:,.1f} ours (ratio {result.ratio:.4g}, allowed ±{result.allowance:.2%} for its "
-               "printed digits and vocabulary padding)")
-    if result.verdict in ("agree", "agree_with_earlier_count"):
-        earlier = ("; not with Megatron's current count: the run's Megatron-LM is an earlier one"
-                   if result.verdict == "agree_with_earlier_count" else "")
+               f"printed digits{spread} and vocabulary padding)")
+    if result.verdict in AGREEING:
+        remark = f"; {result.count.remark}" if result.count.remark else ""
         return (f"the log's own model TFLOP/s per GPU, {result.field} ({lines}), agree with ours from {given} under "
-                f"{result.count.what}{earlier}: {figures}; the figures are cross-checked{_formula_clause(facts)}")
+                f"{result.count.what}{remark}: {figures}; the figures are cross-checked{_formula_clause(facts)}")
     which = (f"on {len(result.disagreeing)} of {result.lines - len(result.unusable)} usable lines (line "
              f"{_listed(result.disagreeing)})" if result.verdict == "mixed" else f"({lines})")
     count = result.count or counts[0]
@@ -391,14 +353,3 @@ def check_log(sources: dict[str, Source], counts: list[Count], facts: Facts) -> 
         result.note = note(result, facts, counts)
         results.append(result)
     return results
-
-
-def check_import(steps: list[Step], step_times: list[tuple[int, float, float]], spec: ModelSpec | None,
-                 given_flops: float | None, facts: Facts) -> list[Result]:
-    """An imported Megatron log's checks: its iteration lines' figures, and its Bridge `Step Time :`
-    lines' (``step_times``, from read_step_times)."""
-    stated = iteration_rates(steps, facts.batch)
-    sources = {ITERATION_FIELD: Source(stated, missing=len(steps) - len(stated)),
-               STEP_TIME_FIELD: Source(*step_time_rates(step_times, steps, facts.batch))}
-    counts = counts_for(spec, given_flops, math.ceil(facts.num_gpus / facts.num_nodes))
-    return check_log(sources, counts, facts)

@@ -28,7 +28,7 @@ from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, flops_unlike_the_shape, model_flops_per_sample
 from nemo_throughput.hardware import resolve_peak
-from nemo_throughput.importers import crosscheck, megatron, nemo, segments, tensorboard
+from nemo_throughput.importers import crosscheck, crosscheck_megatron, megatron, nemo, segments, tensorboard
 from nemo_throughput.importers.lines import Line, check_text, cut_reason, read_lines, read_once
 from nemo_throughput.importers.segments import ChosenSegment
 from nemo_throughput.importers.steps import Step
@@ -185,7 +185,7 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
     with read_once(path):
         read = read_log(path, fmt, rank, global_batch_size, segment)
         network_section = _network(path, read, num_nodes)
-        step_times = crosscheck.read_step_times(path) if megatron.BRIDGE_STYLE in read.styles else []
+        step_times = crosscheck_megatron.read_step_times(path) if megatron.BRIDGE_STYLE in read.styles else []
     valid, bad = _split_bad_times(read.steps)
     where = f"{path}: {read.segment.where}" if read.segment.of > 1 else str(path)  # what the messages name
     if not valid:
@@ -246,7 +246,7 @@ def _flops_crosscheck(read: ReadLog, measured: list[Step], step_times: list[tupl
         seq_length=facts.seq_length, batch=facts.global_batch_size,
         batch_stated=any(s.global_batch_size is not None for s in measured), num_gpus=facts.num_gpus,
         num_nodes=facts.num_nodes, peak_tflops=facts.peak_tflops, formula=facts.flops_formula)
-    return crosscheck.check_import(read.steps, step_times, spec, None if spec else facts.flops_per_sample, given)
+    return crosscheck_megatron.check_import(read.steps, step_times, spec, None if spec else facts.flops_per_sample, given)
 
 
 def _network(path: Path, read: ReadLog, num_nodes: int) -> dict[str, Any] | None:
