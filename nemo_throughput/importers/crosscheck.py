@@ -34,7 +34,13 @@ VOCAB_MULTIPLE = 128  # Megatron pads the vocabulary to 128 x TP; Bridge to a po
 SEQ_GRANULE = 1024  # sequence lengths named as a cause are multiples of it (or powers of two below it)
 MAX_GPUS = 1_000_000  # a GPU count named as a cause is one import accepts (importers.mlperf.MAX_COUNT)
 MAX_LISTED = 10
+FLOAT32_SPACING = 2.0 ** -23  # an event file's scalar is a float32
 AGREEING = ("agree", "agree_with_earlier_count", "agree_with_framework_count")
+
+
+def float32_unit(value: float) -> float:
+    """What an event file's float32 scalar is rounded to."""
+    return abs(value) * FLOAT32_SPACING if math.isfinite(value) else 0.0
 
 
 @dataclass(frozen=True)
@@ -161,18 +167,19 @@ def check(field_name: str, rates: list[StatedRate], counts: list[Count], facts: 
     result = Result(field_name, "unusable", len(rates), unusable=[r.line for r in rates if not r.usable])
     if not usable:
         return result
-    agreeing = {c.name: [r for r in usable if _agrees(r, c, facts.num_gpus)] for c in counts}
-    best = max(counts, key=lambda c: len(agreeing[c.name]))  # max keeps the first of equals
-    if not agreeing[best.name]:
-        best = counts[0]
+    agreeing = [[r for r in usable if _agrees(r, c, facts.num_gpus)] for c in counts]  # by place: names repeat
+    place = max(range(len(counts)), key=lambda k: len(agreeing[k]))  # max keeps the first of equals
+    if not agreeing[place]:
+        place = 0
+    best, agreed = counts[place], agreeing[place]
     _compare(result, usable, best, facts.num_gpus)
-    result.disagreeing = [r.line for r in usable if r not in agreeing[best.name]]
-    if agreeing[best.name]:
+    result.disagreeing = [r.line for r in usable if r not in agreed]
+    if agreed:
         result.count = best
-    if len(agreeing[best.name]) == len(usable):
+    if len(agreed) == len(usable):
         result.verdict = best.verdict
         return result
-    result.verdict = "mixed" if agreeing[best.name] else "disagree"
+    result.verdict = "mixed" if agreed else "disagree"
     result.causes = causes(result.log_flops_per_sample, result.allowance, result.log_tflops, counts, facts)
     return result
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from nemo_throughput.flops import ModelSpec
 from nemo_throughput.importers import megatron
 from nemo_throughput.importers.crosscheck import (Count, Facts, Result, Source, StatedRate, check_log, count,
-                                                  given_count, padding_share)
+                                                  float32_unit, given_count, padding_share)
 from nemo_throughput.importers.lines import read_lines
 from nemo_throughput.importers.steps import Step
 
@@ -90,4 +90,14 @@ def check_import(steps: list[Step], step_times: list[tuple[int, float, float]], 
     stated = iteration_rates(steps, facts.batch)
     sources = {ITERATION_FIELD: Source(stated, missing=len(steps) - len(stated)),
                STEP_TIME_FIELD: Source(*step_time_rates(step_times, steps, facts.batch))}
+    return check_log(sources, counts_for(spec, given_flops, facts.gpus_per_node), facts)
+
+
+def check_events(steps: list[Step], spec: ModelSpec | None, given_flops: float | None, facts: Facts) -> list[Result]:
+    """Megatron-LM event files' `throughput` figures, each against the `iteration-time` of its iteration (the
+    time it divides by), both float32."""
+    stated = [StatedRate(s.line, s.tflops_per_gpu, s.seconds, float32_unit(s.tflops_per_gpu),
+                         float32_unit(s.seconds), s.global_batch_size or facts.batch)
+              for s in steps if s.tflops_per_gpu is not None]
+    sources = {EVENT_FIELD: Source(stated, missing=len(steps) - len(stated))}
     return check_log(sources, counts_for(spec, given_flops, facts.gpus_per_node), facts)

@@ -28,7 +28,7 @@ from nemo_throughput.errors import ReportError
 from nemo_throughput.explain import network
 from nemo_throughput.flops import ModelSpec, flops_unlike_the_shape, model_flops_per_sample
 from nemo_throughput.hardware import resolve_peak
-from nemo_throughput.importers import crosscheck, crosscheck_megatron, megatron, nemo, segments, tensorboard
+from nemo_throughput.importers import crosscheck, crosscheck_megatron, crosscheck_nemo, megatron, nemo, segments, tensorboard
 from nemo_throughput.importers.lines import Line, check_text, cut_reason, read_lines, read_once
 from nemo_throughput.importers.segments import ChosenSegment
 from nemo_throughput.importers.steps import Step
@@ -60,6 +60,7 @@ class ReadLog:
     no_value_lines: list[int] = field(default_factory=list)  # step lines without a value of their own (Primus)
     interval_means: bool = False  # each time is the mean of the log interval up to its step (Megatron's)
     batch_origin: str = ""  # where the log states the batch, for messages
+    rate_field: str | None = None  # the field or scalar stating NeMo's or Megatron's own TFLOP/s per GPU, if any
 
     @property
     def steps(self) -> list[Step]:
@@ -109,7 +110,8 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
             raise ReportError(f"{path}: --rank applies to text logs; TensorBoard event files hold one rank's values")
         events = tensorboard.read_steps(path)
         return ReadLog(fmt, segments.choose(events.log, segment), styles={events.writer.style},
-                       interval_means=events.writer.interval_means, batch_origin=events.writer.batch_origin)
+                       interval_means=events.writer.interval_means, batch_origin=events.writer.batch_origin,
+                       rate_field=events.rate_tag)
     if path.is_dir():
         raise ReportError(f"{path}: a directory without TensorBoard event files (give the log file itself)")
     check_text(path)
@@ -139,7 +141,7 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
     cut_line = (last.number, cut) if cut is not None else None
     return ReadLog(fmt, segments.choose(reader.log, segment), chosen, labels, styles, cut_line,
                    getattr(reader, "no_value_lines", []), interval_means=fmt == megatron.NAME,
-                   batch_origin=module.BATCH_ORIGIN)
+                   batch_origin=module.BATCH_ORIGIN, rate_field=getattr(reader, "rate_field", None))
 
 
 def _feed_all_but_the_last(path: Path, module: ModuleType, reader: Any,
@@ -238,15 +240,25 @@ def _model_flops(spec: ModelSpec | None, seq_length: int, given: float | None,
 
 def _flops_crosscheck(read: ReadLog, measured: list[Step], step_times: list[tuple[int, float, float]],
                       facts: RunFacts, spec: ModelSpec | None) -> list[crosscheck.Result]:
-    """The model TFLOP/s per GPU a Megatron log states against ours from the facts given (crosscheck)."""
-    if read.fmt != megatron.NAME:
-        return []
+    """The model TFLOP/s per GPU a Megatron or NeMo 2 log (or event file) states against ours from the facts
+    given (crosscheck)."""
     given = crosscheck.Facts(
         model=f"the model given ({facts.model_name})" if spec is not None else "--flops-per-sample",
         seq_length=facts.seq_length, batch=facts.global_batch_size,
         batch_stated=any(s.global_batch_size is not None for s in measured), num_gpus=facts.num_gpus,
         num_nodes=facts.num_nodes, peak_tflops=facts.peak_tflops, formula=facts.flops_formula)
-    return crosscheck_megatron.check_import(read.steps, step_times, spec, None if spec else facts.flops_per_sample, given)
+    flops = None if spec else facts.flops_per_sample
+    if read.fmt == megatron.NAME:
+        return crosscheck_megatron.check_import(read.steps, step_times, spec, flops, given)
+    if read.rate_field is None:
+        return []
+    if read.fmt == tensorboard.NAME and read.interval_means:
+        return crosscheck_megatron.check_events(read.steps, spec, flops, given)
+    if read.fmt == tensorboard.NAME:
+        return crosscheck_nemo.check_import(read.steps, crosscheck_nemo.event_field(read.rate_field),
+                                            crosscheck.float32_unit, spec, flops, given)
+    return crosscheck_nemo.check_import(read.steps, crosscheck_nemo.printer_field(read.rate_field),
+                                        crosscheck_nemo.printed_unit, spec, flops, given)
 
 
 def _network(path: Path, read: ReadLog, num_nodes: int) -> dict[str, Any] | None:

@@ -46,6 +46,9 @@ _RESUMED = re.compile(r"Restored all states from the checkpoint (?:file )?at ")
 PROCESS_START = "`Restored all states from the checkpoint`: a run resumed"
 BANNER_ON_STEP_RANK = True  # printed by the process whose steps are read: another rank's is not this process's
 BATCH_ORIGIN = "NeMo 2's `global_batch_size:`; NeMo 1.x's consumed_samples / steps"
+# FLOPsMeasurementCallback's model TFLOP/s per GPU on NeMo 2's lines (NeMo 2.3 on; 2.0 to 2.2): read for
+# importers.crosscheck_nemo, never as a rate. NeMo 1.x's bar prints none.
+RATE_FIELDS = ("TFLOPS_per_GPU", "tflops_per_sec_per_gpu")
 
 _NUMBER = r"[-+]?(?:nan|inf)(?:\.0*)?|[-+]?\d*\.?\d+(?:e[-+]?\d+)?"
 _BAR_FIELD = re.compile(r"(global_step|consumed_samples|train_step_timing in s|reduced_train_loss)=(" + _NUMBER
@@ -130,6 +133,7 @@ class Reader:
         self._last_step: int | None = None
         self._last_fresh = False  # the last update showed its own counter's step (not the one before)
         self.styles: set[str] = set()
+        self.rate_field: str | None = None  # the RATE_FIELDS name the lines print
 
     def feed(self, line: Line) -> bool:
         """Take one line; True when it was a step line."""
@@ -154,7 +158,19 @@ class Reader:
         global_step = self._integer(fields["global_step"], "global_step", line)
         batch = fields.get("global_batch_size")
         self.log.add(Step(global_step + 1, self._seconds(fields[TAG], line),
-                          self._integer(batch, "global_batch_size", line) if batch else None, line.number))
+                          self._integer(batch, "global_batch_size", line) if batch else None, line.number,
+                          tflops_per_gpu=self._stated_rate(fields)))
+
+    def _stated_rate(self, fields: dict[str, str]) -> float | None:
+        """The FLOPs callback's figure on the line; NaN where it is no number (then named, not read)."""
+        name = next((name for name in RATE_FIELDS if name in fields), None)
+        if name is None:
+            return None
+        self.rate_field = self.rate_field or name
+        try:
+            return parse_number(fields[name])
+        except ValueError:
+            return math.nan
 
     # ------------------------------------------------------------------------------ NeMo 1.x
     def _bar_update(self, line: Line) -> None:

@@ -13,8 +13,14 @@ scalar each writes, told apart by the step-time scalar's tag.
   global batch of that iteration, is written every ``--tensorboard-log-interval`` iterations
   (Megatron-LM before core 0.9 only with ``--log-batch-size-to-tensorboard``). Not read:
   ``batch-size vs samples`` and the other ``... vs samples`` scalars (their step is the
-  consumed samples); the throughput scalars (``throughput``, Bridge's ``throughput/tflops`` by
-  its own FLOPs, ``throughput/samples_per_sec``, a rolling mean of the configured batch).
+  consumed samples); Bridge's throughput scalars (``throughput/tflops`` by its own FLOPs,
+  ``throughput/samples_per_sec``, a rolling mean of the configured batch).
+
+The frameworks' own model TFLOP/s per GPU are read beside the step times, for
+:mod:`~nemo_throughput.importers.crosscheck_nemo` and ``crosscheck_megatron`` only, never as a rate:
+NeMo's FLOPs callback's ``TFLOPS_per_GPU`` (``tflops_per_sec_per_gpu`` before NeMo 2.3) and
+Megatron-LM's ``throughput`` (with ``--log-throughput``, at the iteration of the same
+``iteration-time`` it divides by).
 
 No writer logs both step-time scalars: event files with both are two runs', refused rather
 than one picked.
@@ -30,7 +36,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -52,16 +58,18 @@ class Writer:
     step_offset: int  # added to an event's step to number steps from 1
     interval_means: bool  # each time is the mean of the log interval up to its step
     style: str  # environment.log_styles
+    rate_tags: tuple[str, ...]  # the framework's own model TFLOP/s per GPU, at the step whose time it divides by
 
     @property
     def batch_origin(self) -> str:
         return f"the `{self.batch_tag}` scalar"
 
 
-NEMO = Writer("train_step_timing in s", "global_batch_size", 1, False, "TensorBoard scalar")
+NEMO = Writer("train_step_timing in s", "global_batch_size", 1, False, "TensorBoard scalar",
+              ("TFLOPS_per_GPU", "tflops_per_sec_per_gpu"))
 MEGATRON = Writer("iteration-time", "batch-size", 0, True,
                   "TensorBoard `iteration-time` scalar of Megatron-LM / Megatron-Bridge (the mean of each log "
-                  "interval)")
+                  "interval)", ("throughput",))
 WRITERS = (NEMO, MEGATRON)
 # written by Megatron's training_log by default: tells a Megatron event file without its step times
 MEGATRON_SIGNS = ("learning-rate", "loss-scale", "lm loss", "batch-size")
@@ -73,15 +81,27 @@ RESUMED = "or import each event file on its own"  # what else to do with the seg
 class EventSteps:
     log: StepLog
     writer: Writer
+    rate_tag: str | None = None  # the writer's rate tag the files hold, if any
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """One step time of an event file, with what was logged at its step."""
+
+    step: int
+    seconds: float
+    batch: int | None
+    tflops_per_gpu: float | None
 
 
 @dataclass
 class _FileScalars:
-    """One event file's step times per writer, each as (event step, seconds, batch at that step or None)."""
+    """One event file's step times per writer, the rate tags it holds, and whether Megatron wrote it."""
 
     file: Path
-    timed: dict[Writer, list[tuple[int, float, int | None]]]
+    timed: dict[Writer, list[_Timed]]
     megatron_signs: bool
+    rate_tags: set[str] = field(default_factory=set)
 
 
 def is_event_file(path: Path) -> bool:
@@ -110,25 +130,33 @@ def read_steps(path: Path) -> EventSteps:
     writer = _writer(path, read)
     log = StepLog(path, place="value", split=RESUMED)
     values = (value for scalars in read for value in scalars.timed[writer])
-    for place, (step, seconds, batch) in enumerate(values, start=1):  # `line`: the place among all files' times
-        log.add(Step(step + writer.step_offset, seconds, batch, place))
-    return EventSteps(log, writer)
+    for place, timed in enumerate(values, start=1):  # `line`: the place among all files' times
+        log.add(Step(timed.step + writer.step_offset, timed.seconds, timed.batch, place,
+                     tflops_per_gpu=timed.tflops_per_gpu))
+    rate_tag = next((tag for tag in writer.rate_tags if any(tag in r.rate_tags for r in read)), None)
+    return EventSteps(log, writer, rate_tag)
 
 
 def _file_scalars(file: Path) -> _FileScalars:
     times: dict[Writer, list[tuple[int, float]]] = {writer: [] for writer in WRITERS}
-    batches: dict[Writer, dict[int, int | None]] = {writer: {} for writer in WRITERS}
+    at_step: dict[str, dict[int, float]] = {}  # the batch and rate tags' values by step
     by_time_tag = {writer.time_tag: writer for writer in WRITERS}
-    by_batch_tag = {writer.batch_tag: writer for writer in WRITERS}
+    logged_with = [tag for writer in WRITERS for tag in (writer.batch_tag, *writer.rate_tags)]
     signs = False
-    for tag, step, value in _scalars(file, (*by_time_tag, *by_batch_tag, *MEGATRON_SIGNS)):
+    for tag, step, value in _scalars(file, (*by_time_tag, *logged_with, *MEGATRON_SIGNS)):
         signs = signs or tag in MEGATRON_SIGNS
         if tag in by_time_tag:
             times[by_time_tag[tag]].append((step, value))
-        elif tag in by_batch_tag:
-            batches[by_batch_tag[tag]][step] = _whole_batch(value)
-    timed = {writer: [(step, value, batches[writer].get(step)) for step, value in times[writer]] for writer in WRITERS}
-    return _FileScalars(file, timed, signs)
+        elif tag in logged_with:
+            at_step.setdefault(tag, {})[step] = value
+    timed = {writer: [_timed(writer, step, value, at_step) for step, value in times[writer]] for writer in WRITERS}
+    return _FileScalars(file, timed, signs, set(at_step) - {writer.batch_tag for writer in WRITERS})
+
+
+def _timed(writer: Writer, step: int, seconds: float, at_step: dict[str, dict[int, float]]) -> _Timed:
+    batch = at_step.get(writer.batch_tag, {}).get(step)
+    rate = next((at_step[tag][step] for tag in writer.rate_tags if step in at_step.get(tag, {})), None)
+    return _Timed(step, seconds, None if batch is None else _whole_batch(batch), rate)
 
 
 def _whole_batch(value: float) -> int | None:
