@@ -26,12 +26,12 @@ GBS, SEQ = 128, 2048
 MIXTRAL_LOG = Path(__file__).parent / "data" / "import" / "megatron_lm_mixtral_issue756.log"
 
 
-def facts(name: str, label: str = "bm", gbs: int = GBS) -> RunFacts:
+def facts(name: str, label: str = "bm", gbs: int = GBS, gpus: int = 8) -> RunFacts:
     spec = ModelSpec(num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=SEQ, vocab_size=51200)
     peak, source = resolve_peak(None, H100, "bf16")
     return RunFacts(name=name, label=label, global_batch_size=gbs, micro_batch_size=1, seq_length=SEQ,
                     model_name="gpt3-126m", model_spec=spec, flops_formula="megatron",
-                    flops_per_sample=model_flops_per_sample(spec), gpu_name=H100, num_gpus=8, num_nodes=1,
+                    flops_per_sample=model_flops_per_sample(spec), gpu_name=H100, num_gpus=gpus, num_nodes=gpus // 8,
                     dtype="bf16", peak_tflops=peak, peak_source=source)
 
 

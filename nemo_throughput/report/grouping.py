@@ -397,22 +397,28 @@ def _add_scaling(groups: list[Group], runs: list[Run], group_by: str, notes: lis
     """Each configuration against the smallest of its curve (label and model; the fewest GPUs, then
     nodes). A configuration whose set-up differs from the smallest's beyond what SCALED allows has
     no scaling figures, with a note: its change would be counted as scaling."""
-    first_runs = {key: members[0] for key, members in _by_configuration(runs, group_by).items()}
+    runs_by_key = _by_configuration(runs, group_by)
     series: dict[tuple[str, str], list[Group]] = {}
     for group in groups:
         series.setdefault((group.label, group.model), []).append(group)
     for members in series.values():
         smallest = min(members, key=lambda g: (g.num_gpus, g.num_nodes))
-        reference = first_runs[_key(smallest)]
+        reference = runs_by_key[_key(smallest)][0]
+        on_the_curve = []
         for group in members:
-            off_the_curve = _off_the_curve(group, first_runs[_key(group)], smallest, reference)
+            off_the_curve = _off_the_curve(group, runs_by_key[_key(group)][0], smallest, reference)
             if off_the_curve:
                 notes.append(off_the_curve)
                 continue
+            on_the_curve.append(group)
             group.linear_factor = group.rate / smallest.rate
             group.perfect_linear_factor = group.num_gpus / smallest.num_gpus
             group.perfect_linear_scale = group.perfect_linear_factor * smallest.rate
             group.scaling_efficiency = group.linear_factor / group.perfect_linear_factor
+        if len(on_the_curve) > 1:
+            gpus = ", ".join(str(g.num_gpus) for g in on_the_curve)
+            what = f"the scaling curve of {printable(smallest.label)} / {printable(smallest.model)} ({gpus} GPUs)"
+            _note_warmups_across([runs_by_key[_key(g)] for g in on_the_curve], what, notes)
 
 
 def _key(group: Group) -> tuple[str, str, int, int]:
@@ -439,6 +445,14 @@ def _note_warmups(runs: list[Run], what: str, notes: list[str]) -> None:
         notes.append(note)
 
 
+def _note_warmups_across(configurations: list[list[Run]], what: str, notes: list[str]) -> None:
+    """Runs of several configurations used together (compared against a baseline, or on one scaling
+    curve): their warm-ups named where they differ, unless every configuration's own note already
+    names its runs' (then nothing is new)."""
+    if not all(warmup_note(runs, what) for runs in configurations):
+        _note_warmups([run for runs in configurations for run in runs], what, notes)
+
+
 def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str, notes: list[str]
              ) -> list[Comparison]:
     by_key = {(g.label, g.model, g.num_nodes, g.num_gpus): g for g in groups}
@@ -451,8 +465,7 @@ def _compare(groups: list[Group], runs: list[Run], baseline: str, group_by: str,
         sides = runs_by_key[(baseline, model, nodes, gpus)], runs_by_key[(label, model, nodes, gpus)]
         what = f"{printable(model)} at {nodes} nodes under {baseline!r} and {label!r}"
         _require_same_setup([*sides[0], *sides[1]], what, ENVIRONMENTS, "compared")
-        if not any(warmup_note(side, what) for side in sides):  # else its configuration's note says it
-            _note_warmups([*sides[0], *sides[1]], what, notes)
+        _note_warmups_across(list(sides), what, notes)
         samples = base.unit == "samples"  # the same model and set-up: the same unit
         comparisons.append(Comparison(
             model=model, num_nodes=nodes, num_gpus=gpus, baseline=baseline, other=label, baseline_runs=base.runs,
