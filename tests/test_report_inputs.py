@@ -347,7 +347,9 @@ def test_warm_up_steps_and_another_run_s_steps_in_steps_jsonl_are_never_averaged
     path = write_steps(good_run(tmp_path, "a"), warm + [step_line(n, 1.0) for n in range(3, 8)])
     run = load_run(path, Window.parse("-100:"))
     assert (run.step_time_s, run.steps_counted) == (1.0, 5)
-    assert run.notes == [f"{tmp_path}/a/steps.jsonl: steps 1-2 are the run's warm-up (warmup_steps); left out"]
+    assert run.notes == [f"{tmp_path}/a/steps.jsonl: steps 1-2 are the run's warm-up (warmup_steps); left out",
+                         f"{path}: --window -100: asks for its last 100 counted steps; it has 5: all of them are "
+                         "counted"]
     run_id = json.loads(path.read_text())["run"]["id"]
     other = json.dumps({"step": 8, "run_id": "0123456789ab", "step_time_s": 1.0, "ranks": []}) + "\n"
     mine = json.dumps({"step": 3, "run_id": run_id, "step_time_s": 1.0, "ranks": []}) + "\n"

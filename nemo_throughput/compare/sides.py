@@ -70,11 +70,16 @@ def load_side(given: str) -> Side:
         notes += run.notes
         runs.append(run)
         documents[path] = document
+    _require_distinct_runs(runs)
+    joined = join_segments(runs)
+    for error in joined.left_out:  # a run that did not complete is left out; any other is no repeat to compare
+        if not isinstance(error, IncompleteRun):
+            raise error
+        notes.append(f"left out: {error}")
+    runs = joined.runs
     if not runs:
         raise ReportError(f"{given}: no completed run to compare (runs that did not complete are left out)")
-    _require_distinct_runs(runs)
-    runs, joined = join_segments(runs)
-    side = Side(given, runs, _one_configuration(given, runs), notes=notes + joined)
+    side = Side(given, runs, _one_configuration(given, runs), notes=notes + joined.notes)
     if len(runs) == 1:
         side.step_times, side.steps_note = _segments_steps(runs[0], documents)
         if side.step_times is not None and len(side.step_times) < BATCHES_NEEDED * MIN_BATCH_STEPS:
@@ -154,6 +159,8 @@ def _segments_steps(run: Run, documents: dict[Path, dict[str, Any]]) -> tuple[li
     """counted_steps of a run, of each of its segments in turn for a resumed run."""
     times: list[float] = []
     for segment in run.segments or [run]:
+        if not segment.steps_counted:  # ended in its warm-up: no step of it counts
+            continue
         steps, why = counted_steps(segment, documents[segment.path])
         if steps is None:
             return None, why if not run.segments else f"segment {segment.resumed.segment}: {why}"

@@ -99,6 +99,9 @@ def run_report(args: argparse.Namespace) -> int:
             raise ReportError("no run left to report on")
         report = (build_report(runs, tokens=args.tokens, baseline=args.baseline, group_by=args.group_by) if runs
                   else Report([], [], args.tokens, args.baseline, group_by=args.group_by))
+        rejected += _say_left_out(report.left_out)
+        if not report.groups and not training and not goodput:
+            raise ReportError("no run left to report on")
         report.time_to_train = build_time_to_train(training)
         report.goodput = goodput
         for note in report.notes:
@@ -116,9 +119,10 @@ def run_report(args: argparse.Namespace) -> int:
     except (ReportError, OutputPathError) as error:
         say(f"nemo-throughput report: {error}")
         return NOTHING_REPORTED
+    covered = sum(len(group.files) for group in report.groups) + len(training)
     if rejected:
         say(f"nemo-throughput report: {rejected} of {len(paths) + len(problems)} summaries were excluded as "
-            f"unusable (listed above); the report covers the other {len(runs) + len(training)}")
+            f"unusable (listed above); the report covers the other {covered}")
         return SOME_EXCLUDED
     return REPORTED
 
@@ -150,6 +154,14 @@ def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | 
             say(f"note: {note}")
         runs.append(run)
     return runs, training, rejected
+
+
+def _say_left_out(left_out: list[ReportError]) -> int:
+    """The runs left out once segments were joined, as those left out on reading; how many were unusable
+    (a run that did not complete is left out, not unusable)."""
+    for error in left_out:
+        say(f"excluded: {error}")
+    return sum(not isinstance(error, IncompleteRun) for error in left_out)
 
 
 def _goodput(path: Path) -> dict | None:

@@ -160,6 +160,8 @@ class Report:
     notes: list[str] = field(default_factory=list)  # for stderr, e.g. repeats that differ in network
     time_to_train: list[TrainGroup] = field(default_factory=list)  # MLPerf-style runs (imported result logs)
     goodput: list[dict[str, Any]] = field(default_factory=list)  # each run's goodput section (report.goodput)
+    # Runs left out once their segments were joined (report.segments.Joined), each with why
+    left_out: list[ReportError] = field(default_factory=list)
 
     @property
     def has_samples(self) -> bool:
@@ -228,8 +230,8 @@ def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = N
         raise ReportError(f"group by {group_by!r}: use one of {GROUP_BY}")
     _require_distinct_when_printed(runs)
     runs, notes = distinct_runs(runs)
-    runs, joined = join_segments(runs)
-    notes += joined
+    joined = join_segments(runs)
+    runs, notes = joined.runs, notes + joined.notes
     try:
         groups = [_group(members, tokens, group_by, notes) for members in _by_configuration(runs, group_by).values()]
         groups.sort(key=lambda g: (g.model, g.label, g.num_gpus))
@@ -243,7 +245,7 @@ def build_report(runs: list[Run], tokens: float = 1e12, baseline: str | None = N
         raise ReportError(f"the numbers of these runs overflow when combined ({error}); check --tokens and the "
                           "summaries' step times and batch sizes") from error
     report = Report(groups, comparisons, tokens, baseline, group_by=group_by, shown=_shown_fields(groups, group_by),
-                    step_time=_says_where_time_goes(groups, runs), notes=notes)
+                    step_time=_says_where_time_goes(groups, runs), notes=notes, left_out=joined.left_out)
     _require_finite(report)
     return report
 

@@ -42,6 +42,9 @@ class IncompleteRun(ReportError):
     """A run that did not complete: left out of the report with a note, not an error."""
 
 
+# Ended before their last step, yet with a final summary of the steps they finished (run.measurement):
+# a resumed run's segment that ended so still counts them (report.segments).
+UNFINISHED = ("failed", "interrupted")
 PROFILE_FRACTIONS = ("compute", "communication", "exposed_communication", "idle")  # communication.fractions
 PHASES = tuple(name.removesuffix("_s") for name in PHASE_TIMES)  # timing.breakdown_s
 
@@ -120,6 +123,15 @@ class Run:
     resumed: SegmentOf | None = None  # None: no goodput section (ranks other than 0, imported runs)
     warmup: Warmup | None = None  # None: counted over --window, the same steps for every run
     segments: list[Run] = field(default_factory=list)  # the segments joined into this run (report.segments)
+    # A segment of a resumed run that failed or was interrupted (UNFINISHED): why it is no run on its
+    # own (IncompleteRun's message), its status, and the steps its summary lacks (end.missing).
+    incomplete: str | None = None
+    status: str = "completed"
+    lacks: str | None = None
+    # A resumed run's summary under --window: its counted steps in step order, and the window, applied
+    # once its segments are joined (report.segments): the run's window, not each segment's.
+    steps: list[tuple[int, float]] | None = None
+    pending_window: Window | None = None
 
     @property
     def paths(self) -> list[Path]:
@@ -141,9 +153,14 @@ def load_run(path: Path, window: Window | None = None) -> Run:
 
 def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
     fields = Fields(str(path), summary)
-    _require_completed(fields)
+    incomplete = _require_completed(fields, segment=fields.optional("goodput") is not None)
+    resumed = _segment_of(fields)
     unit = _unit(fields)
-    step_time_s, counted, window_text, notes = _measured_step_time(path, fields, window)
+    if resumed is None:
+        step_time_s, counted, window_text, notes = _measured_step_time(path, fields, window)
+        steps = None
+    else:
+        step_time_s, counted, window_text, notes, steps = _segment_step_time(path, fields, window)
     num_nodes, num_gpus = node_and_gpu_counts(fields)
     run = Run(path=path, label=fields.text("run.label"), model=fields.text("model.name"),
               num_nodes=num_nodes, num_gpus=num_gpus,
@@ -156,9 +173,12 @@ def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
               step_time_s=step_time_s, steps_counted=counted, window=window_text, notes=notes,
               explanation=read_explanation(fields), counted=_counted(fields), model_spec=_model_spec(fields),
               parallel=fields.optional("parallel") or None,
-              identity=run_identity(fields.text("run.id"), summary), resumed=_segment_of(fields),
-              warmup=None if window is not None else _warmup(path, fields))
-    _require_finite_metrics(run)
+              identity=run_identity(fields.text("run.id"), summary), resumed=resumed,
+              warmup=None if window is not None else _warmup(path, fields),
+              incomplete=incomplete, status=fields.value("status"), lacks=fields.optional_text("end.missing"),
+              steps=steps, pending_window=window if resumed is not None else None)
+    if counted:  # a segment without counted steps has no step time of its own (report.segments)
+        _require_finite_metrics(run)
     return run
 
 
@@ -357,14 +377,20 @@ def schema_problems_message(path: Path | str, problems: list[str]) -> str:
     return "\n".join([f"{path}: not a valid {SUMMARY_SCHEMA_ID} summary:", *(f"  {p}" for p in problems)])
 
 
-def _require_completed(fields: Fields) -> None:
+def _require_completed(fields: Fields, segment: bool) -> str | None:
+    """None for a completed run. A failed or interrupted segment of a resumed run: why it is no run
+    on its own (its run, joined, counts its finished steps: report.segments). Else IncompleteRun."""
     status = fields.value("status")
     if not isinstance(status, str) or status not in STATUSES:
         raise ReportError(f"{fields.where}: status {shown(status)} is not one of {STATUSES}")
-    if status != "completed":
-        error = fields.value("error", None)
-        reason = f" ({shortened(printable(error), 300)})" if error else ""
-        raise IncompleteRun(f"{fields.where}: status {status!r}{reason}: only completed runs are reported")
+    if status == "completed":
+        return None
+    error = fields.value("error", None)
+    reason = f" ({shortened(printable(error), 300)})" if error else ""
+    message = f"{fields.where}: status {status!r}{reason}: only completed runs are reported"
+    if segment and status in UNFINISHED:
+        return message
+    raise IncompleteRun(message)
 
 
 def _measured_step_time(path: Path, fields: Fields, window: Window | None
@@ -377,10 +403,36 @@ def _measured_step_time(path: Path, fields: Fields, window: Window | None
         return (fields.positive("timing.step_time_s.mean"), fields.count("timing.steps_measured"), window_text,
                 _outlier_notes(path, fields))
     steps, notes = _step_series(path, fields)
+    selected, told = windowed(window, steps, str(path), _step_range(steps))
+    return statistics.fmean(t for _, t in selected), len(selected), window.text, notes + told
+
+
+def _segment_step_time(path: Path, fields: Fields, window: Window | None
+                       ) -> tuple[float, int, str | None, list[str], list[tuple[int, float]] | None]:
+    """A resumed run's summary: as _measured_step_time, but no counted steps is no error (a segment
+    that ended in its warm-up adds none to its run), and a window is only read here: its steps are
+    chosen from the whole run's (report.segments). NaN: no step time."""
+    if window is not None:
+        steps, notes = _step_series(path, fields)
+        mean = statistics.fmean(t for _, t in steps) if steps else math.nan
+        return mean, len(steps), window.text, notes, steps
+    if fields.value("timing.step_time_s") is None or fields.value("timing.steps_measured") == 0:
+        return math.nan, 0, None, [], None
+    return (*_measured_step_time(path, fields, None), None)
+
+
+def windowed(window: Window, steps: list[tuple[int, float]], where: str, ranges: str
+             ) -> tuple[list[tuple[int, float]], list[str]]:
+    """The counted steps `window` selects of a run's `steps` (in the order trained), and a note where
+    `-N:` asks for more steps than the run has; ReportError where it selects none."""
     selected = window.select(steps)
     if not selected:
-        raise ReportError(f"{path}: --window {window.text} selects none of its steps ({_step_range(steps)})")
-    return statistics.fmean(t for _, t in selected), len(selected), window.text, notes
+        raise ReportError(f"{where}: --window {window.text} selects none of its steps ({ranges})")
+    notes = []
+    if window.counts_from_the_end and -window.start > len(steps):
+        notes.append(f"{where}: --window {window.text} asks for its last {-window.start} counted steps; it has "
+                     f"{len(steps)}: all of them are counted")
+    return selected, notes
 
 
 def _outlier_notes(path: Path, fields: Fields) -> list[str]:
@@ -403,6 +455,11 @@ def _step_series(path: Path, fields: Fields) -> tuple[list[tuple[int, float]], l
     if not jsonl.exists():
         raise ReportError(f"{path}: --window needs per-step times, and this run has none (record them with "
                           "per_step_jsonl=true or +callbacks=throughput_debug)")
+    if fields.optional("files.steps_jsonl.complete") is False:  # a window over the steps written would pass
+        # for one over the run's: `-N:` would count other steps, `A:` fewer
+        raise ReportError(f"{path}: --window needs every counted step, and its steps.jsonl stopped before the "
+                          f"run ended (files.steps_jsonl.error: "
+                          f"{shortened(printable(str(fields.optional('files.steps_jsonl.error'))), 200)})")
     run_id = fields.value("run.id", None)
     steps, notes = read_steps_jsonl(jsonl, run_id if isinstance(run_id, str) else None)
     return _in_step_order(steps, str(jsonl)), notes

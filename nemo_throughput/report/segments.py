@@ -5,11 +5,18 @@ run's first segment's run.id) and goodput.segment join them. Counted as repeats,
 would pass for several measurements and shrink the spread. Joined, the run's step time is the mean
 over all its segments' counted steps (each segment's mean weighted by its counted steps), so its
 tokens/s are the tokens of those steps over their total time, exactly as one long segment would
-have measured them. Summaries without goodput (ranks other than 0, imported runs) are never joined."""
+have measured them. Summaries without goodput (ranks other than 0, imported runs) are never joined.
+
+A segment that failed or was interrupted wrote a final summary of the steps it finished (run.measurement:
+a step counts once its end is recorded, the one the failure cut is not), counted as a completed
+segment counts its own: its steps join its run where a segment of the run completed, with a note.
+Under --window the window is the run's: it is applied to all its segments' counted steps in the
+order they were trained, so that `-N:` is the run's last N steps, not each segment's."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import statistics
+from dataclasses import dataclass, field, replace
 
 from nemo_throughput.errors import ReportError
 from nemo_throughput.report.comparable import (
@@ -23,30 +30,96 @@ from nemo_throughput.report.comparable import (
     slowest_of,
     values_text,
 )
-from nemo_throughput.report.runs import PHASES, PROFILE_FRACTIONS, Explanation, Run, Warmup
+from nemo_throughput.report.runs import (
+    PHASES,
+    PROFILE_FRACTIONS,
+    Explanation,
+    IncompleteRun,
+    Run,
+    Warmup,
+    windowed,
+)
 from nemo_throughput.text import printable
 from nemo_throughput.throughput import CountedStep
 
 
-def join_segments(runs: list[Run]) -> tuple[list[Run], list[str]]:
-    """The runs with each resumed run's segments joined into one, where its first segment was
-    given, and a note naming each joined run's segments. Copies must be gone (comparable.distinct_runs):
-    two summaries claiming one segment of a run are two branches of it, refused."""
+@dataclass
+class Joined:
+    """The runs to report, each resumed run's segments joined into one; notes for stderr; and the runs
+    left out, each with why (IncompleteRun: none of its segments completed; ReportError: its window
+    selects none of its steps, or it has no counted step)."""
+
+    runs: list[Run] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    left_out: list[ReportError] = field(default_factory=list)
+
+
+def join_segments(runs: list[Run]) -> Joined:
+    """The runs with each resumed run's segments joined into one, where its first given segment
+    stood. Copies must be gone (comparable.distinct_runs): two summaries claiming one segment of a
+    run are two branches of it, refused. Every summary with goodput passes here, alone or not."""
     members: dict[str, list[Run]] = {}
     for run in runs:
         if run.resumed is not None:
             members.setdefault(run.resumed.run_id, []).append(run)
-    joined, notes = [], []
+    joined = Joined()
     for run in runs:
-        segments = members.get(run.resumed.run_id, []) if run.resumed is not None else []
-        if len(segments) < 2:
-            joined.append(run)
-        elif run is segments[0]:
-            segments = sorted(segments, key=lambda segment: segment.resumed.segment)
-            _require_one_run(segments)
-            joined.append(_joined(segments))
-            notes.append(_joined_note(segments))
-    return joined, notes
+        if run.resumed is None:
+            joined.runs.append(run)
+            continue
+        segments = members[run.resumed.run_id]
+        if run is not segments[0]:
+            continue
+        segments = sorted(segments, key=lambda segment: segment.resumed.segment)
+        _require_one_run(segments)
+        try:
+            one, notes = _one_run(segments)
+        except ReportError as error:
+            joined.left_out.append(error)
+            continue
+        joined.runs.append(one)
+        joined.notes += [_joined_note(segments)] * (len(segments) > 1) + notes
+    return joined
+
+
+def _one_run(segments: list[Run]) -> tuple[Run, list[str]]:
+    """The run of its segments (in segment order), its window applied, and the window's notes;
+    ReportError (IncompleteRun where none of them completed) where it cannot be reported."""
+    if all(segment.incomplete for segment in segments):
+        raise IncompleteRun(segments[0].incomplete if len(segments) == 1 else _none_completed(segments))
+    if not any(segment.steps_counted for segment in segments):
+        where = printable(segments[0].path) if len(segments) == 1 else _run_shown(segments)
+        raise ReportError(f"{where}: no measured steps (the run was shorter than its warm-up)")
+    run = segments[0] if len(segments) == 1 else _joined(segments)
+    return (run, []) if run.pending_window is None else _windowed(run, segments)
+
+
+def _none_completed(segments: list[Run]) -> str:
+    listed = ", ".join(f"{s.resumed.segment}: {printable(s.path)} ({s.status})" for s in segments)
+    return (f"the segments of run {printable(segments[0].resumed.run_id)} (goodput.run_id) given ({listed}) all "
+            "ended before the run did, none completed: only completed runs are reported")
+
+
+def _run_shown(segments: list[Run]) -> str:
+    return f"run {printable(segments[0].resumed.run_id)} (segments {', '.join(printable(s.path) for s in segments)})"
+
+
+def _windowed(run: Run, segments: list[Run]) -> tuple[Run, list[str]]:
+    """The run over the steps --window selects of all its counted steps in the order trained: its
+    segments one after the other (a later one may repeat step numbers of an earlier one, resumed
+    from an older checkpoint; each execution is a measured step, and `-N:` takes the latest)."""
+    if len(segments) == 1:
+        where, ranges = printable(run.path), _steps_range(run.steps)
+    else:
+        where = _run_shown(segments)
+        ranges = "; ".join(f"segment {s.resumed.segment}: {_steps_range(s.steps)}" for s in segments)
+    selected, notes = windowed(run.pending_window, run.steps, where, ranges)
+    return replace(run, step_time_s=statistics.fmean(t for _, t in selected), steps_counted=len(selected),
+                   pending_window=None), notes
+
+
+def _steps_range(steps: list[tuple[int, float]]) -> str:
+    return f"steps {steps[0][0]} to {steps[-1][0]}" if steps else "no counted steps"
 
 
 def _require_one_run(segments: list[Run]) -> None:
@@ -83,16 +156,20 @@ def _values(segments: list[Run], names: list[str]) -> list[str]:
 
 
 def _joined(segments: list[Run]) -> Run:
-    """One run of the segments: their counted steps together, every per-step mean weighted by steps."""
-    first, steps = segments[0], [segment.steps_counted for segment in segments]
+    """One run of the segments: their counted steps together, every per-step mean weighted by steps
+    (a segment without counted steps has no means, and weighs nothing)."""
+    first, measured = segments[0], [segment for segment in segments if segment.steps_counted]
+    steps = [segment.steps_counted for segment in measured]
+    windowed_steps = [step for s in segments for step in s.steps] if first.pending_window is not None else None
     return replace(
-        first, step_time_s=mean_of_all([s.step_time_s for s in segments], steps), steps_counted=sum(steps),
+        first, step_time_s=mean_of_all([s.step_time_s for s in measured], steps), steps_counted=sum(steps),
         notes=[note for segment in segments for note in segment.notes],
-        explanation=_joined_explanation([s.explanation for s in segments], steps),
-        counted=_joined_counted([s.counted for s in segments], steps),
+        explanation=_joined_explanation([s.explanation for s in measured], steps),
+        counted=_joined_counted([s.counted for s in measured], steps),
         identity=RunIdentity(f"segments:{first.resumed.run_id}",
                              f"the segments of run {printable(first.resumed.run_id)}"),
-        warmup=_joined_warmup(segments), segments=segments)
+        warmup=_joined_warmup(segments), segments=segments, steps=windowed_steps, incomplete=None,
+        status="completed", lacks=None)
 
 
 def _joined_counted(counted: list[CountedStep | None], steps: list[int]) -> CountedStep | None:
@@ -141,7 +218,12 @@ def _joined_note(segments: list[Run]) -> str:
     numbers = [segment.resumed.segment for segment in segments]
     missing = sorted(set(range(1, max(numbers) + 1)) - set(numbers))
     if missing:
-        note += f"; segment(s) {', '.join(map(str, missing))} not among them (not given, or did not complete)"
+        note += (f"; segment(s) {', '.join(map(str, missing))} not among them (not given, or left out: a summary "
+                 "still `running` or `stalled` is of a segment that trains on or of one killed before its final "
+                 "summary, and nothing in it says which)")
+    note += "".join(f"; {_unfinished_text(s)}" for s in segments if s.incomplete)
+    if first.pending_window is not None:
+        note += _repeated_steps_text(segments)
     if len({segment.warmup for segment in segments}) > 1:
         warmups = ", ".join(f"{s.resumed.segment}: {s.warmup.shown}" if s.warmup else f"{s.resumed.segment}: none"
                             for s in segments)
@@ -150,3 +232,26 @@ def _joined_note(segments: list[Run]) -> str:
     if len(networks) > 1:
         note += f"; its segments ran over different networks: {printable(mixed_networks(networks))}"
     return note
+
+
+def _unfinished_text(segment: Run) -> str:
+    """What a joined segment that failed or was interrupted adds to its run."""
+    text = (f"segment {segment.resumed.segment} ended with status {segment.status}: its "
+            f"{segment.steps_counted} counted steps, each finished before it ended, are counted")
+    if segment.lacks:
+        text += f" (its summary lacks {printable(segment.lacks)}: not counted)"
+    return text
+
+
+def _repeated_steps_text(segments: list[Run]) -> str:
+    """Where a segment trained step numbers an earlier one had (resumed from a checkpoint older than
+    where that one stopped): both executions were measured, and both count."""
+    texts, reached = [], 0
+    for segment in segments:
+        repeated = [step for step, _ in segment.steps if step <= reached]
+        if repeated:
+            texts.append(f"segment {segment.resumed.segment} repeats counted steps {repeated[0]}-{repeated[-1]} of an "
+                         "earlier segment (resumed from an older checkpoint): each execution is counted, `-N:` "
+                         "counting back from the latest")
+        reached = max([reached, *(step for step, _ in segment.steps)])
+    return "".join(f"; {text}" for text in texts)
