@@ -589,6 +589,24 @@ def test_a_huge_line_without_breaks_is_read_in_bounded_memory(tmp_path, capsys):
     assert summary_of(tmp_path / "out", "huge")["timing"]["steps"] == [[10, 1.5]]
 
 
+def test_a_long_run_s_log_is_read_in_linear_time(tmp_path):
+    """A real iteration line repeated for 50,000 iterations (a long run at --log-interval 1). The
+    cross-check once compared every line with every other (quadratic: minutes here, hours at a
+    million); the limit is a guard some 20 times what a linear read takes, not a timing figure."""
+    line = next(text for text in (DATA / "megatron_lm_mixtral_issue756.log").read_text().splitlines()
+                if "elapsed time per iteration" in text)
+    log = tmp_path / "long.log"
+    with log.open("w") as f:
+        for iteration in range(1, 50_001):
+            f.write(re.sub(r"iteration\s+\d+/", f"iteration {iteration:8d}/", line) + "\n")
+    result = nemo_throughput_cli("import", log, "--label", "x", "--model", "mixtral-8x7b", "--seq-length", "2048",
+                                 "--num-gpus", "16", "--output-dir", tmp_path / "out", timeout=60)
+    assert result.returncode == 0, result.stderr
+    summary = summary_of(tmp_path / "out", "long")
+    assert summary["timing"]["steps_measured"] == 50_000 - 10
+    assert summary["model"]["flops_crosscheck"][0]["lines"] == 50_000
+
+
 # ------------------------------------------------------------------------------- output names
 def test_inputs_with_the_same_file_name_get_their_own_summaries(tmp_path, capsys):
     for run, ms in (("a", 1000.0), ("b", 2000.0)):

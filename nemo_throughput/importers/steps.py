@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a long run's log holds a million of them
 class Step:
     step: int  # from 1, as in the callback's summaries
     seconds: float  # as printed: may be NaN, infinite, zero or negative (the importer excludes those)
