@@ -13,8 +13,8 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
   collectives), aggregation (the cross-rank exchange), summary (the run summary), environment and
   redact (where a run ran, secrets left out), target (time to target),
   batches (a batch's layout; packed and padded batches counted), batch_checks (a micro-batch's lengths
-  read and checked on the device), goodput (a segment's ledger, the run's goodput across restarts;
-  goodput_segments: which run a segment continues; goodput_run: rank 0's view), signals (SIGTERM),
+  read and checked on the device), goodput/ (ledger: a segment's ledger, the run's goodput across
+  restarts; segments: which run a segment continues; run: rank 0's view), signals (SIGTERM),
   background (the reporting thread),
   progress (an interval's live line, the loggers' metrics and steps.jsonl rows), prometheus (the
   live /metrics endpoint), outputs (where commands write), presets

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import nemo_throughput_cli, read_json, run_train_tiny
-from nemo_throughput.goodput import CATEGORIES, DATA, LEDGER_FILE, RUN_FILE, Segment, read_ledger, stitch
-from nemo_throughput.goodput_segments import previous_segment, run_segments, scheduler_key
+from nemo_throughput.goodput.ledger import CATEGORIES, DATA, LEDGER_FILE, RUN_FILE, Segment, read_ledger, stitch
+from nemo_throughput.goodput.segments import previous_segment, run_segments, scheduler_key
 
 STEPS, CHECKPOINT_EVERY, KILL_AT = 20, 5, 13  # log steps 4, 8, 12, 16; checkpoints at 5 and 10
 
@@ -154,7 +154,7 @@ def test_the_scheduler_names_the_job_across_its_restarts(env, expected):
 
 def test_only_a_resumed_or_restarted_segment_continues_an_earlier_one(tmp_path):
     """A repeat of a benchmark in the same directory (step 0, no restart) is a new run; a resume is not."""
-    from nemo_throughput.goodput import Ledger
+    from nemo_throughput.goodput.ledger import Ledger
 
     earlier = tmp_path / "first"
     earlier.mkdir()
@@ -171,7 +171,7 @@ def test_only_a_resumed_or_restarted_segment_continues_an_earlier_one(tmp_path):
 
 
 def test_a_ledger_that_is_not_ours_or_cut_short_is_not_a_segment(tmp_path):
-    from nemo_throughput.goodput import Ledger
+    from nemo_throughput.goodput.ledger import Ledger
 
     (tmp_path / LEDGER_FILE).write_bytes(b"NTGOODPT" + b"\xff" * 100)  # cut short
     assert read_ledger(tmp_path / LEDGER_FILE) is None
@@ -190,7 +190,7 @@ def test_no_ledger_under_the_root_can_stall_or_break_a_resume(tmp_path):
     import struct
     import threading
 
-    from nemo_throughput.goodput import Ledger
+    from nemo_throughput.goodput.ledger import Ledger
 
     def ledger_in(directory, run_id):
         directory.mkdir(parents=True)
@@ -231,7 +231,7 @@ def test_no_ledger_under_the_root_can_stall_or_break_a_resume(tmp_path):
 
 
 def test_a_ledger_path_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path):
-    from nemo_throughput.goodput import Ledger
+    from nemo_throughput.goodput.ledger import Ledger
 
     target = tmp_path / "someone-elses.json"
     target.write_text('{"keep": true}')
@@ -246,7 +246,7 @@ def test_a_host_clock_behind_neither_reorders_the_segments_nor_shrinks_the_wall_
     """The second segment's host runs an hour behind: its ledger still says it is segment 2, the
     wall time is each segment's span by its own clock (the restart between them unknown, and said
     so), and goodput stays what the segments' own seconds give."""
-    from nemo_throughput.goodput import Ledger
+    from nemo_throughput.goodput.ledger import Ledger
 
     def ledger(directory, segment_number, started, first, last):
         directory.mkdir()
@@ -276,7 +276,7 @@ def test_a_step_start_is_written_with_the_step_s_end_or_the_next_event(tmp_path,
     """An ordinary step writes the mapped page once: its start stays in memory until its end, which
     stores both; a segment killed within the step reads as of the step before. Any other event
     (a validation) stores a pending start first. Seconds from a clock the test moves."""
-    import nemo_throughput.goodput as goodput
+    import nemo_throughput.goodput.ledger as goodput
 
     clock = [100.0]
     monkeypatch.setattr(goodput.time, "monotonic", lambda: clock[0])
@@ -312,7 +312,7 @@ def test_a_step_start_is_written_with_the_step_s_end_or_the_next_event(tmp_path,
 # ----------------------------------------------------------------------- which run a resume continues
 def ledger_of(directory, run_id, first, last, segment=1, parent=None, checkpoints=(), started=None, key=None):
     """A segment's ledger as a run writes it, trained from ``first`` to ``last``."""
-    from nemo_throughput.goodput import Ledger
+    from nemo_throughput.goodput.ledger import Ledger
 
     directory.mkdir(parents=True, exist_ok=True)
     writer = Ledger(directory, started_epoch_s=started)
@@ -329,8 +329,8 @@ def ledger_of(directory, run_id, first, last, segment=1, parent=None, checkpoint
 def test_two_runs_that_could_each_be_resumed_without_the_checkpoint_s_word_start_a_new_run(tmp_path, caplog):
     """Two runs in one root trained past step 10; a resume at step 10 whose checkpoint says nothing (a
     Megatron-Bridge run, a checkpoint of an earlier version) continues neither: a warning names both."""
-    from nemo_throughput.goodput_run import RunGoodput
-    from nemo_throughput.goodput_segments import bind
+    from nemo_throughput.goodput.run import RunGoodput
+    from nemo_throughput.goodput.segments import bind
 
     ledger_of(tmp_path, "x", 0, 13)
     ledger_of(tmp_path / "y", "y", 0, 12)
@@ -351,7 +351,7 @@ def test_two_runs_that_could_each_be_resumed_without_the_checkpoint_s_word_start
 def test_the_checkpoint_s_run_is_continued_whatever_else_lies_in_the_root(tmp_path):
     """The checkpoint names run x and the segment that saved it: x is continued though y is later, and
     a segment of x whose saver is gone still joins x, saying so; a run with no ledger here starts anew."""
-    from nemo_throughput.goodput_segments import Resumed, bind
+    from nemo_throughput.goodput.segments import Resumed, bind
 
     x = ledger_of(tmp_path, "x", 0, 13, checkpoints=(5, 10))
     ledger_of(tmp_path / "y", "y", 0, 13, checkpoints=(5, 10))  # later, and trained as far
@@ -370,7 +370,7 @@ def test_the_checkpoint_s_run_is_continued_whatever_else_lies_in_the_root(tmp_pa
     {"goodput": {"run_id": "x\x1b[31m", "segment_run_id": "s"}}, {"goodput": {"run_id": 7, "segment_run_id": "s"}},
 ])
 def test_a_checkpoint_state_not_written_by_a_run_says_nothing(state):
-    from nemo_throughput.goodput_segments import Resumed
+    from nemo_throughput.goodput.segments import Resumed
 
     assert Resumed.from_state(state) is None
     assert Resumed.from_state({"goodput": {"run_id": "x", "segment_run_id": "s", "step": True}}).step is None
@@ -380,7 +380,7 @@ def test_a_checkpoint_resumed_twice_is_two_branches_and_a_retry_that_died_is_los
     """Run r: segment 1 saved step 10; segment 2a resumed from it and saved 15; segment 2b resumed from
     10 again (a branch: 2a is left out, said so); segment 2c resumed from 10 and died before saving (a
     retry: its time is lost, kept)."""
-    from nemo_throughput.goodput_segments import Resumed, bind
+    from nemo_throughput.goodput.segments import Resumed, bind
 
     now = time.time()
     one = ledger_of(tmp_path, "r", 0, 13, checkpoints=(5, 10), started=now - 100)
@@ -398,7 +398,7 @@ def test_segments_that_share_a_number_or_have_none_are_ordered_by_their_steps_no
     """Ledgers that do not say which segment they are (hand-written, or both copies of one checkpoint's
     resume): the one that started at an earlier step goes first though its host's clock says it started
     an hour later; the clocks' disagreement is noted and the restart between them not counted."""
-    from nemo_throughput.goodput_segments import run_history
+    from nemo_throughput.goodput.segments import run_history
 
     now = time.time()
     late_clock = ledger_of(tmp_path / "a", "r", 0, 10, segment=0, started=now - 60)
@@ -413,7 +413,7 @@ def test_segments_that_share_a_number_or_have_none_are_ordered_by_their_steps_no
 def test_a_copy_of_a_ledger_beside_the_original_counts_once(tmp_path):
     import shutil
 
-    from nemo_throughput.goodput_segments import segments_under
+    from nemo_throughput.goodput.segments import segments_under
 
     ledger_of(tmp_path / "run", "r", 0, 10)
     shutil.copytree(tmp_path / "run", tmp_path / "run-copy")
@@ -427,8 +427,8 @@ def test_no_directory_under_the_root_can_stall_fail_or_lead_the_search_out_of_it
     found, the rest is no segment, and a huge directory is searched in part, noted."""
     import os
 
-    from nemo_throughput import goodput_segments
-    from nemo_throughput.goodput_segments import bind, segments_under
+    from nemo_throughput.goodput import segments as goodput_segments
+    from nemo_throughput.goodput.segments import bind, segments_under
 
     ledger_of(tmp_path / "real", "r", 0, 13)
     ledger_of(tmp_path.parent / f"{tmp_path.name}-other" / "run", "other", 0, 20)
@@ -458,7 +458,7 @@ def test_no_directory_under_the_root_can_stall_fail_or_lead_the_search_out_of_it
 def test_an_unreadable_directory_under_the_root_is_no_segment(tmp_path):
     import os
 
-    from nemo_throughput.goodput_segments import segments_under
+    from nemo_throughput.goodput.segments import segments_under
 
     if os.geteuid() == 0:
         pytest.skip("running as root: a directory's permissions do not stop root from reading it")
@@ -475,8 +475,8 @@ def test_a_failing_search_or_a_first_segment_outside_the_root_never_fails_the_ru
     """The search for earlier segments raising (whatever another's file did): a new run, noted. A
     first segment whose directory lies outside this segment's root: goodput.json goes into this
     segment's own directory, said so, and the other directory is left untouched."""
-    from nemo_throughput import goodput_run
-    from nemo_throughput.goodput_segments import Binding
+    from nemo_throughput.goodput import run as goodput_run
+    from nemo_throughput.goodput.segments import Binding
 
     def failing(*args):
         raise RecursionError("deep")
@@ -499,7 +499,7 @@ def test_a_failing_search_or_a_first_segment_outside_the_root_never_fails_the_ru
 
 
 def test_a_long_output_path_still_fits_the_ledger(tmp_path):
-    from nemo_throughput.goodput_run import RunGoodput
+    from nemo_throughput.goodput.run import RunGoodput
 
     run = RunGoodput("/" + "d" * 4000, tmp_path)  # the root is only recorded, never searched through here
     run._root = str(tmp_path)
@@ -532,7 +532,7 @@ def fit(root, checkpoints, steps, resume_from=None):
 def test_two_runs_in_one_root_each_resumed_continue_their_own_by_their_checkpoints(tmp_path, monkeypatch):
     """Runs x and y share an output root and both trained past step 10; each resumed from its own
     checkpoint of step 10 continues its own run (the latest ledger there would have been y's, for both)."""
-    from nemo_throughput import goodput
+    from nemo_throughput.goodput import ledger as goodput
 
     monkeypatch.setattr(goodput, "process_start_epoch_s", time.time)
     root = tmp_path / "root"

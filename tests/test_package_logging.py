@@ -41,7 +41,7 @@ def test_every_log_line_of_the_package_is_printable_whatever_the_app_s_handler()
     from pathlib import Path
 
     import nemo_throughput
-    from nemo_throughput.goodput_run import log as goodput_log
+    from nemo_throughput.goodput.run import log as goodput_log
 
     package = Path(nemo_throughput.__file__).parent
     for path in package.rglob("*.py"):

@@ -11,8 +11,8 @@ import pytest
 
 from nemo_throughput.cli import main
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
-from nemo_throughput.goodput import DATA
-from nemo_throughput.goodput_run import RunGoodput
+from nemo_throughput.goodput.ledger import DATA
+from nemo_throughput.goodput.run import RunGoodput
 from nemo_throughput.hardware import resolve_peak
 from nemo_throughput.report.grouping import build_report
 from nemo_throughput.report.runs import ReportError, load_run

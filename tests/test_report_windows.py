@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_throughput.goodput import DATA
-from nemo_throughput.goodput_run import RunGoodput
+from nemo_throughput.goodput.ledger import DATA
+from nemo_throughput.goodput.run import RunGoodput
 from nemo_throughput.progress import step_rows
 from nemo_throughput.report.grouping import build_report
 from nemo_throughput.report.runs import load_run

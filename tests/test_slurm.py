@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, read_json
-from nemo_throughput.goodput import LEDGER_FILE, RUN_FILE, read_ledger
+from nemo_throughput.goodput.ledger import LEDGER_FILE, RUN_FILE, read_ledger
 from slurm_cluster import LocalSlurmCluster, missing_reason
 
 pytestmark = pytest.mark.slow

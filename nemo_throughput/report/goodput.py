@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_throughput.goodput import CATEGORIES
+from nemo_throughput.goodput.ledger import CATEGORIES
 
 GOODPUT_FIELDS = ("run_id", "segments", "steps_last", "steps_lost", "wall_h", "goodput_pct",
                   *(f"{category}_h" for category in CATEGORIES))

@@ -9,7 +9,7 @@ import json
 from collections.abc import Collection
 from typing import Any
 
-from nemo_throughput.goodput import CATEGORIES
+from nemo_throughput.goodput.ledger import CATEGORIES
 from nemo_throughput.report.goodput import GOODPUT_FIELDS, goodput_records
 from nemo_throughput.report.grouping import (
     PHASE_FIELDS,

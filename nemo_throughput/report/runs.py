@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_throughput.errors import ReportError
-from nemo_throughput.goodput_segments import is_id
+from nemo_throughput.goodput.segments import is_id
 from nemo_throughput.report.comparable import RunIdentity, canonical, run_identity
 from nemo_throughput.report.fields import (
     Fields,

@@ -30,8 +30,8 @@ from nemo_throughput.batches import BatchCounting, Count
 from nemo_throughput.config import ThroughputConfig, check_at_train_start
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import MEASURED
-from nemo_throughput.goodput import CHECKPOINT, DATA, STEP, VALIDATION, Ledger
-from nemo_throughput.goodput_run import RunGoodput
+from nemo_throughput.goodput.ledger import CHECKPOINT, DATA, STEP, VALIDATION, Ledger
+from nemo_throughput.goodput.run import RunGoodput
 from nemo_throughput.measured_flops import FirstStepFlops
 from nemo_throughput.run.intervals import Intervals
 from nemo_throughput.run.publishing import Publisher

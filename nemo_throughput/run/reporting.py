@@ -23,7 +23,7 @@ from nemo_throughput.background import OrderedWorker
 from nemo_throughput.batches import CheckedBatches, uncounted_warning
 from nemo_throughput.explain.run import RunExplanation
 from nemo_throughput.flops import FORMULAS, flops_terms
-from nemo_throughput.goodput_run import RunGoodput
+from nemo_throughput.goodput.run import RunGoodput
 from nemo_throughput.progress import format_interval, logger_metrics, step_rows
 from nemo_throughput.run.publishing import Publisher
 from nemo_throughput.run.stall import LONGEST_LOOK_S, StallWatch

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_throughput.goodput import LEDGER_FILE, Segment, read_ledger
+from nemo_throughput.goodput.ledger import LEDGER_FILE, Segment, read_ledger
 from nemo_throughput.text import package_logger
 from nemo_throughput.values import whole_number
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_throughput.goodput import IDENTITY_BYTES, RUN_FILE, Ledger, Segment, read_ledger, stitch
-from nemo_throughput.goodput_segments import Binding, Resumed, bind, is_id, scheduler_key
+from nemo_throughput.goodput.ledger import IDENTITY_BYTES, RUN_FILE, Ledger, Segment, read_ledger, stitch
+from nemo_throughput.goodput.segments import Binding, Resumed, bind, is_id, scheduler_key
 from nemo_throughput.summary import write_json_atomic
 from nemo_throughput.text import package_logger
 

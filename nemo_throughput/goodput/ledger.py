@@ -8,8 +8,8 @@ and stored with it); the kernel keeps the pages when the process is killed (SIGK
 dead segment's ledger is exact to its last event.
 
 A segment that continues an earlier one (a resume from a checkpoint, a requeued Slurm job, a
-restarted Kubernetes pod) takes its run id (goodput_segments says which run it continues);
-:func:`stitch` joins a run's segments into the run's goodput (goodput_run writes it to
+restarted Kubernetes pod) takes its run id (goodput.segments says which run it continues);
+:func:`stitch` joins a run's segments into the run's goodput (goodput.run writes it to
 ``goodput.json``): steps trained after a segment's last checkpoint and trained again after the
 restart are lost, and the time between segments is the restart's.
 """
