@@ -9,7 +9,7 @@ the same way. Bridge's function is the real one: imported as it is where Bridge'
 install (Python 3.12), else its source file loaded by path with five imports it needs at import time
 but never calls for a GPT model filled in (see ``_stand_ins``).
 
-What the two count, and why they differ where they do, is in the README's FLOPs section.
+What the two count, and why they differ where they do, is on the docs' arithmetic page.
 """
 
 from __future__ import annotations

@@ -68,9 +68,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     imports.add_argument("--gpu-name", help='driver name of the GPU, e.g. "NVIDIA H100 80GB HBM3", for MFU')
     imports.add_argument("--dtype", choices=DTYPES, help="dtype of the peak FLOPs, for MFU")
     imports.add_argument("--peak-tflops", type=float, help="per-GPU peak instead of the table's")
-    imports.add_argument("--flops-formula", choices=FORMULAS, default="megatron")
+    imports.add_argument("--flops-formula", choices=FORMULAS, default="megatron",
+                         help="the FLOPs convention MFU is counted by (default: megatron, causal attention halved)")
     imports.add_argument("--orchestrator", help="where it ran (slurm, kubernetes, ...), for the record")
-    imports.add_argument("--output-dir", type=Path, default=Path("imported"))
+    imports.add_argument("--output-dir", type=Path, default=Path("imported"),
+                         help="where each input's <name>/summary.json goes (default: imported)")
     imports.add_argument("--ruleset", help="--format mlperf: the MLPerf Training ruleset to check compliance "
                                            "against, e.g. 4.0.0 (default: the newest the log complies with)")
 

@@ -1,5 +1,5 @@
 """From runs to the comparison benchmark studies print: configurations (label or network x model x
-node/GPU count) with mean and spread over repeats, scaling against the smallest node count, and
+node/GPU count) with mean and spread over repeats, scaling against the fewest GPUs on a curve, and
 environments against a baseline; and, where the summaries explain their numbers, why:
 communication, memory, clocks, power, energy, the slowest rank, where the step time goes, and the
 start-up fabric probe. :mod:`~nemo_throughput.report.rendering` prints a :class:`Report`."""
@@ -60,8 +60,8 @@ class Group:
     samples_per_s_per_gpu: float
     unit: str = "tokens"  # what the primary rate counts: tokens, or samples (images, ...)
     files: list[str] = field(default_factory=list)
-    linear_factor: float | None = None  # rate over the smallest node count's, same label and model
-    perfect_linear_factor: float | None = None  # GPU count over the smallest node count's
+    linear_factor: float | None = None  # rate over the curve's start's (its fewest GPUs), same label and model
+    perfect_linear_factor: float | None = None  # GPU count over the curve's start's
     perfect_linear_scale: float | None = None  # the rate if scaling were perfect
     scaling_efficiency: float | None = None  # linear factor / perfect linear factor
     # Why the step time is what it is. None: not in the summaries, or not in every run of the
