@@ -14,7 +14,7 @@ from nemo_throughput.goodput.ledger import DATA
 from nemo_throughput.goodput.run import RunGoodput
 from nemo_throughput.progress import step_rows
 from nemo_throughput.report.grouping import build_report
-from nemo_throughput.report.runs import load_run
+from nemo_throughput.report.runs import load_run, read_steps_jsonl
 from nemo_throughput.run.publishing import Publisher
 from nemo_throughput.run_stats import RunStats, rank_rows
 from nemo_throughput.summary import STEPS_FILE, append_jsonl, build_summary
@@ -253,3 +253,28 @@ def test_compare_counts_an_interrupted_segment_s_steps(tmp_path, capsys):
     assert "segment 1 ended with status interrupted" in err
     step = next(m for m in result["metrics"] if m["metric"] == "step_time_s")
     assert step["baseline_mean"] == pytest.approx(12.0 / 8) and step["candidate_mean"] == pytest.approx(12.0 / 8)
+
+
+# ------------------------------------------------------------------------------- large inputs
+def test_a_long_run_s_steps_jsonl_is_read_line_by_line(tmp_path):
+    """A long run's steps.jsonl runs to hundreds of MB (every rank's phases on each line): it was read
+    whole, its text and its lines held at once, some three times the file's size. Read line by line,
+    what is held is the steps taken from it; the bound is a guard, a quarter of the file's size."""
+    import tracemalloc
+
+    ranks, steps = 8, 5_000
+    stats = RunStats(world_size=ranks, warmup_steps=2, start_step=0)
+    gathered = rank_rows([[StepTimes(step, 1.0 + rank / 100) for step in range(1, steps + 1)] for rank in range(ranks)])
+    stats.add(gathered)
+    jsonl = tmp_path / STEPS_FILE
+    append_jsonl(jsonl, step_rows(torch.tensor(gathered), stats, "run-a"))
+    del gathered
+    tracemalloc.start()
+    try:
+        counted, notes = read_steps_jsonl(jsonl, "run-a")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert counted == [(step, pytest.approx(1.07)) for step in range(3, steps + 1)]
+    assert notes == [f"{jsonl}: steps 1-2 are the run's warm-up (warmup_steps); left out"]
+    assert peak < jsonl.stat().st_size / 4

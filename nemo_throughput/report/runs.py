@@ -481,20 +481,18 @@ def read_steps_jsonl(jsonl: Path, run_id: str | None = None) -> tuple[list[tuple
     (``"profiled": true``, run under the profiler) and skipped iterations (``"skipped": true``, no
     optimizer update) are left out, with a note, as the summary's statistics leave them out.
     """
+    rows, notes = [], []
     try:
-        text = jsonl.read_text(encoding="utf-8")
+        # Line by line: a long run's file is hundreds of MB, and its text and lines need not be kept.
+        with jsonl.open(encoding="utf-8", newline="\n") as f:  # only \n ends a line, as the writer ends them
+            for number, line in enumerate(f, 1):
+                if line.endswith("\n"):
+                    if line.strip():
+                        rows.append(_jsonl_step(jsonl, number, line[:-1], run_id))
+                elif line.strip():  # what follows the last newline
+                    notes += _last_line(jsonl, number, line, run_id, rows)
     except (OSError, UnicodeDecodeError) as error:
         raise ReportError(f"{jsonl}: cannot read it ({error})") from error
-    *lines, tail = text.split("\n")  # tail: what follows the last newline, "" when the file is whole
-    rows = [_jsonl_step(jsonl, number, line, run_id) for number, line in enumerate(lines, 1) if line.strip()]
-    notes = []
-    if tail.strip():
-        try:
-            json.loads(tail)
-            rows.append(_jsonl_step(jsonl, len(lines) + 1, tail, run_id))  # whole, only its newline missing
-        except (ValueError, RecursionError):
-            notes.append(f"{jsonl}: its last line is incomplete (cut off while being written?); left out, "
-                         f"{len(rows)} steps read")
     warmup = [step for step, _, flags in rows if "warmup" in flags]
     if warmup:
         notes.append(f"{jsonl}: steps {warmup[0]}-{warmup[-1]} are the run's warm-up (warmup_steps); left out")
@@ -509,7 +507,10 @@ def read_steps_jsonl(jsonl: Path, run_id: str | None = None) -> tuple[list[tuple
     return [(step, time_s) for step, time_s, flags in rows if not flags], notes
 
 
-def _jsonl_step(jsonl: Path, number: int, line: str, run_id: str | None) -> tuple[int, float, set[str]]:
+_FLAGS = ("warmup", "profiled", "skipped")
+
+
+def _jsonl_step(jsonl: Path, number: int, line: str, run_id: str | None) -> tuple[int, float, tuple[str, ...]]:
     """(step, global step time, which of "warmup" / "profiled" / "skipped" the line says it was)."""
     where = f"{jsonl}: line {number}"
     try:
@@ -522,14 +523,25 @@ def _jsonl_step(jsonl: Path, number: int, line: str, run_id: str | None) -> tupl
     if run_id is not None and row.get("run_id", run_id) != run_id:
         raise ReportError(f"{where}: a step of run {shown(row.get('run_id'))}, not of the summary's run "
                           f"{shown(run_id)} (another run's steps.jsonl beside it?)")
-    flags = set()
-    for flag in ("warmup", "profiled", "skipped"):
+    for flag in _FLAGS:
         value = row.get(flag, False)
         if not isinstance(value, bool):
             raise fields.error(flag, value, "it must be true or false")
-        if value:
-            flags.add(flag)
+    flags = tuple(flag for flag in _FLAGS if row.get(flag))  # () for most: one shared object, not a set a row
     return fields.count("step"), fields.positive("step_time_s"), flags
+
+
+def _last_line(jsonl: Path, number: int, line: str, run_id: str | None,
+               rows: list[tuple[int, float, tuple[str, ...]]]) -> list[str]:
+    """A last line without its newline: read where it is whole JSON, else left out with a note (cut
+    off while being written)."""
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return [f"{jsonl}: its last line is incomplete (cut off while being written?); left out, "
+                f"{len(rows)} steps read"]
+    rows.append(_jsonl_step(jsonl, number, line, run_id))
+    return []
 
 
 def _in_step_order(steps: list[tuple[int, float]], where: str) -> list[tuple[int, float]]:
