@@ -45,6 +45,7 @@ NEMO_TAG = nemo.TAG
 MAX_LISTED = 20  # steps named in messages and in timing.excluded_step_times
 MAX_STEP_SECONDS = 86_400.0  # a step of over a day is no run's (a collective times out in minutes): a corrupt value
 UNUSABLE_TIMES = "zero, negative, NaN, infinite or over a day"
+STATS_INTERVAL = 10_000  # steps added to the statistics at a time
 
 
 @dataclass
@@ -198,7 +199,10 @@ def import_run(path: Path, *, fmt: str | None = None, global_batch_size: int | N
     measured = _measured(where, valid, window, stats, warmup_steps)
     batch = _global_batch_size(path, read, measured, global_batch_size)
     tokens_checked = _check_stated_tokens(path, valid, seq_length, batch, num_gpus)
-    stats.add(rank_rows([[StepTimes(s.step, s.seconds) for s in measured]]))
+    # In intervals, as the callback adds them: all at once, a million steps' rows of every column were
+    # held together (some 500 MB).
+    for start in range(0, len(measured), STATS_INTERVAL):
+        stats.add(rank_rows([[StepTimes(s.step, s.seconds) for s in measured[start:start + STATS_INTERVAL]]]))
 
     spec, flops_per_sample, flops_given = _model_flops(spec, seq_length, flops_per_sample, flops_formula)
     peak_tflops, peak_source = resolve_peak(peak, gpu_name, dtype)
