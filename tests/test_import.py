@@ -607,6 +607,27 @@ def test_a_long_run_s_log_is_read_in_linear_time(tmp_path):
     assert summary["model"]["flops_crosscheck"][0]["lines"] == 50_000
 
 
+
+def test_a_long_read_says_how_far_it_is(tmp_path, capsys, monkeypatch):
+    """A pass over a million-step log takes a minute: every PROGRESS_EVERY_S (here every chunk read) a
+    line on stderr says how far it is; a file read sooner says nothing."""
+    from nemo_throughput.importers import lines
+
+    log = tmp_path / "long.log"
+    log.write_text("".join(MEGATRON_LINE.replace("      10/", f"{i:8d}/") for i in range(1, 20_001)))
+    code, _, err = run_import(capsys, log, "--window", "-10:", out=tmp_path / "quiet")
+    assert code == 0 and "still reading" not in err
+    monkeypatch.setattr(lines, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(lines, "CHUNK_BYTES", log.stat().st_size // 2 + 1)
+    code, _, err = run_import(capsys, log, "--window", "-10:", out=tmp_path / "out")
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "still reading" in line]
+    megabytes = round(log.stat().st_size / 1e6)
+    assert said[:2] == [f"nemo-throughput import: {log}: still reading: 50% of its {megabytes} MB in this pass",
+                        f"nemo-throughput import: {log}: still reading: 100% of its {megabytes} MB in this pass"]
+    assert len(said) % 2 == 0  # two chunks a pass, every pass said
+
+
 # ------------------------------------------------------------------------------- output names
 def test_inputs_with_the_same_file_name_get_their_own_summaries(tmp_path, capsys):
     for run, ms in (("a", 1000.0), ("b", 2000.0)):

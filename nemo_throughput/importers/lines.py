@@ -24,6 +24,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ SNIFF_BYTES = 64 * 1024
 MAX_PIECE_BYTES = 256 * 1024  # a longer run of bytes without \n or \r is not a log line: skipped
 MAX_UNDECODABLE_SHARE = 0.01  # of the first SNIFF_BYTES: more and the file is not text
 WAIT_NOTICE_S = 2.0  # a named pipe no program writes to yet: said after this long
+PROGRESS_EVERY_S = 5.0  # a long read says how far it is, at most this often (a million-step log: a minute a pass)
 WAITING = "a named pipe no program has opened for writing yet: waiting for one (Ctrl-C stops)"
 
 _TIMESTAMP = re.compile(r"\s*\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s+")
@@ -154,9 +156,11 @@ def _pieces(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """(bytes, the separator that ended them: b"\\n", b"\\r" or b"" at the end of the file)."""
     pending = b""
     skipping = False  # inside an over-long piece: drop bytes up to the next separator
+    progress = _Progress(path)
     try:
         with open_input(path) as f:
             while chunk := f.read(CHUNK_BYTES):
+                progress.read(len(chunk))
                 pending += chunk
                 parts = re.split(rb"([\r\n])", pending)
                 pending = parts.pop()
@@ -169,6 +173,25 @@ def _pieces(path: Path) -> Iterator[tuple[bytes, bytes]]:
         raise ReportError(f"{path}: cannot read it ({error.strerror or error})") from error
     if pending and not skipping:
         yield pending, b""
+
+
+class _Progress:
+    """A line on stderr every PROGRESS_EVERY_S while one pass over a file goes on, so that a long import
+    does not look hung; none for a file read within that time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.done, self.size = path, 0, None
+        self.next_at = time.monotonic() + PROGRESS_EVERY_S
+
+    def read(self, count: int) -> None:
+        self.done += count
+        if time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + PROGRESS_EVERY_S
+        self.size = self.size or input_size(self.path)
+        share = min(self.done / self.size, 1.0)  # a log still being written grows as it is read
+        print(notice(self.path, f"still reading: {share:.0%} of its {self.size / 1e6:,.0f} MB in this pass"),
+              file=sys.stderr, flush=True)
 
 
 def _read_head(path: Path) -> bytes:
