@@ -607,7 +607,6 @@ def test_a_long_run_s_log_is_read_in_linear_time(tmp_path):
     assert summary["model"]["flops_crosscheck"][0]["lines"] == 50_000
 
 
-
 def test_a_long_read_says_how_far_it_is(tmp_path, capsys, monkeypatch):
     """A pass over a million-step log takes a minute: every PROGRESS_EVERY_S (here every chunk read) a
     line on stderr says how far it is; a file read sooner says nothing."""
@@ -626,6 +625,26 @@ def test_a_long_read_says_how_far_it_is(tmp_path, capsys, monkeypatch):
     assert said[:2] == [f"nemo-throughput import: {log}: still reading: 50% of its {megabytes} MB in this pass",
                         f"nemo-throughput import: {log}: still reading: 100% of its {megabytes} MB in this pass"]
     assert len(said) % 2 == 0  # two chunks a pass, every pass said
+
+
+def test_how_far_a_read_is_when_its_file_is_cut_or_removed_meanwhile(tmp_path, capsys, monkeypatch):
+    """A log truncated (logrotate's copytruncate) or removed while a pass reads it: the bytes read are
+    said, never a division by its size of 0, never an error that stops the import."""
+    from nemo_throughput.importers import lines
+
+    monkeypatch.setattr(lines, "PROGRESS_EVERY_S", 0.0)
+    log = tmp_path / "rotated.log"
+    log.write_text("x" * 3_000_000)
+    progress = lines._Progress(log)
+    progress.read(1_500_000)
+    log.write_text("")  # truncated
+    progress.read(1_500_000)
+    log.unlink()
+    progress.read(1_000_000)
+    said = capsys.readouterr().err.splitlines()
+    assert said == [f"nemo-throughput import: {log}: still reading: 50% of its 3 MB in this pass",
+                    f"nemo-throughput import: {log}: still reading: 3 MB read in this pass",
+                    f"nemo-throughput import: {log}: still reading: 4 MB read in this pass"]
 
 
 # ------------------------------------------------------------------------------- output names

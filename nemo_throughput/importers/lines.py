@@ -180,7 +180,7 @@ class _Progress:
     does not look hung; none for a file read within that time."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.done, self.size = path, 0, None
+        self.path, self.done = path, 0
         self.next_at = time.monotonic() + PROGRESS_EVERY_S
 
     def read(self, count: int) -> None:
@@ -188,10 +188,18 @@ class _Progress:
         if time.monotonic() < self.next_at:
             return
         self.next_at = time.monotonic() + PROGRESS_EVERY_S
-        self.size = self.size or input_size(self.path)
-        share = min(self.done / self.size, 1.0)  # a log still being written grows as it is read
-        print(notice(self.path, f"still reading: {share:.0%} of its {self.size / 1e6:,.0f} MB in this pass"),
-              file=sys.stderr, flush=True)
+        print(notice(self.path, f"still reading: {self._how_far()} in this pass"), file=sys.stderr, flush=True)
+
+    def _how_far(self) -> str:
+        """The share read of the file's size now: a log still being written grows as it is read, one
+        truncated or removed meanwhile has no size to tell of (then the bytes read are said)."""
+        try:
+            size = input_size(self.path)
+        except OSError:
+            size = 0
+        if size < self.done:
+            return f"{self.done / 1e6:,.0f} MB read"
+        return f"{self.done / size:.0%} of its {size / 1e6:,.0f} MB"
 
 
 def _read_head(path: Path) -> bytes:
