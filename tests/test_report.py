@@ -255,3 +255,70 @@ def test_the_baseline_comparison_says_how_many_runs_each_side_averaged(tmp_path)
     comparisons = render(report, "csv").split("\n\n")[1].splitlines()
     assert comparisons[0].split(",")[5:7] == ["baseline_runs", "other_runs"] and comparisons[1].split(",")[5:7] == [
         "3", "1"]
+
+
+# ------------------------------------------------------------------------- each summary read once
+MLPERF_RESULTS = Path(__file__).parent / "data" / "mlperf" / "NVIDIA" / "eos_ngc24.04_nemo" / "llama2_70b_lora"
+
+
+def count_reads_and_schema_checks(monkeypatch, summaries: list[Path]) -> tuple[dict[Path, int], list[int]]:
+    """Per summary, how often anything in this process opens it (os.open, as summary.read_summary
+    does, or open() / Path.open); and one entry per schema check of any summary. Real files, read
+    for real: only counted on the way."""
+    import builtins
+    import io
+    import os
+
+    from nemo_throughput.report import runs as runs_module
+
+    watched = {path.resolve(): path for path in summaries}
+    opens = dict.fromkeys(summaries, 0)
+    checks: list[int] = []
+
+    def counted(opener):
+        def wrapper(file, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and Path(os.fsdecode(file)).resolve() in watched:
+                opens[watched[Path(os.fsdecode(file)).resolve()]] += 1
+            return opener(file, *args, **kwargs)
+        return wrapper
+
+    def validate(summary):
+        checks.append(1)
+        return real_validate(summary)
+
+    real_validate = runs_module.validate_summary
+    monkeypatch.setattr(os, "open", counted(os.open))
+    monkeypatch.setattr(builtins, "open", counted(builtins.open))
+    monkeypatch.setattr(io, "open", counted(io.open))
+    monkeypatch.setattr(runs_module, "validate_summary", validate)
+    return opens, checks
+
+
+@pytest.mark.invalid_summaries  # one summary breaks the schema on purpose
+def test_report_reads_and_schema_checks_each_summary_once(tmp_path, monkeypatch, capsys):
+    """A throughput run, a resumed run's two segments (goodput sections: the goodput table's), an
+    MLPerf time-to-train result and a summary that breaks the schema (left out of the runs and of
+    goodput): each file is opened once, and checked against the schema once, for every table."""
+    from test_report_segments import RESUMED, write_segments
+
+    plain = write_run(tmp_path / "plain" / "summary.json", label="slurm", step_times=[1.0, 1.0])
+    segments = write_segments(tmp_path / "resumed", RESUMED)
+    assert main(["import", "--format", "mlperf", str(next(MLPERF_RESULTS.glob("result_*.txt"))), "--ruleset",
+                 "4.0.0", "--output-dir", str(tmp_path / "mlperf")]) == 0
+    (mlperf,) = (tmp_path / "mlperf").rglob("summary.json")
+    broken = write_run(tmp_path / "broken" / "summary.json", label="slurm", step_times=[1.0, 1.0])
+    summary = json.loads(broken.read_text())
+    summary["run"]["started_at"] = 5  # the report's own checks pass it; the schema does not
+    broken.write_text(json.dumps(summary))
+    capsys.readouterr()
+    summaries = [plain, *segments, mlperf, broken]
+    opens, checks = count_reads_and_schema_checks(monkeypatch, summaries)
+
+    assert main(["report", str(tmp_path), "--format", "json"]) == 1
+    out, err = capsys.readouterr()
+    assert f"excluded: {broken}: not a valid" in err and f"excluded from goodput: {broken}: not a valid" in err
+    report = json.loads(out)
+    assert len(report["groups"]) == 2 and len(report["time_to_train"]) == 1 and len(report["goodput"]) == 1
+    assert opens == dict.fromkeys(summaries, 1)
+    assert len(checks) == len(summaries)
+

@@ -10,7 +10,9 @@ import argparse
 import io
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nemo_throughput.outputs import OutputPathError, check_output_file, write_output
 from nemo_throughput.report.goodput import latest_per_run
@@ -20,12 +22,14 @@ from nemo_throughput.report.runs import (
     IncompleteRun,
     ReportError,
     Run,
+    SummaryDocument,
     TrainingRun,
     Window,
     find_summaries,
-    load_run,
-    load_training_run,
-    read_goodput,
+    goodput_of,
+    read_summary_document,
+    run_of,
+    training_run_of,
 )
 from nemo_throughput.report.time_to_train import build_time_to_train
 from nemo_throughput.summary import STEPS_FILE
@@ -93,8 +97,9 @@ def run_report(args: argparse.Namespace) -> int:
         window = Window.parse(args.window) if args.window else None
         paths, problems = find_summaries(args.summaries)
         _check_destinations(args.output, args.plot, paths)
-        runs, training, rejected = _load_runs(paths, problems, window)
-        goodput = latest_per_run([section for path in paths if (section := _goodput(path)) is not None])
+        inputs = _read_inputs(paths, problems, window)
+        runs, training, rejected = inputs.runs, inputs.training, inputs.rejected
+        goodput = latest_per_run(inputs.goodput)
         if not runs and not training and not goodput:
             raise ReportError("no run left to report on")
         report = (build_report(runs, tokens=args.tokens, baseline=args.baseline, group_by=args.group_by) if runs
@@ -127,33 +132,62 @@ def run_report(args: argparse.Namespace) -> int:
     return REPORTED
 
 
-def _load_runs(paths: list[Path], problems: list[ReportError], window: Window | None
-               ) -> tuple[list[Run], list[TrainingRun], int]:
-    """The runs that can be reported, and the time-to-train runs (imported MLPerf results: aborted
-    or failing ones too, since MLPerf scoring counts them as dropped); each input that cannot be
-    used is listed on stderr. Also returns how many were unusable (runs that did not complete are
-    left out, but are not unusable)."""
-    runs, training, rejected = [], [], len(problems)
+@dataclass
+class Inputs:
+    """What the summaries give the report, each file read (and schema-checked) once: the runs that can
+    be reported, the time-to-train runs (imported MLPerf results: aborted or failing ones too, since
+    MLPerf scoring counts them as dropped) and the goodput sections (of any status)."""
+
+    runs: list[Run] = field(default_factory=list)
+    training: list[TrainingRun] = field(default_factory=list)
+    goodput: list[dict[str, Any]] = field(default_factory=list)
+    rejected: int = 0  # inputs that cannot be used (a run that did not complete is left out, not unusable)
+
+
+def _read_inputs(paths: list[Path], problems: list[ReportError], window: Window | None) -> Inputs:
+    """Each summary read once; each input that cannot be used is listed on stderr, those left out of
+    the goodput table after the others."""
+    inputs = Inputs(rejected=len(problems))
     for problem in problems:
         say(f"excluded: {problem}")
+    no_goodput: list[ReportError] = []  # said after the runs' lines, where the goodput table's own pass said them
     for path in paths:
         try:
-            training_run = load_training_run(path)
-            if training_run is not None:
-                training.append(training_run)
-                continue
-            run = load_run(path, window)
-        except IncompleteRun as note:
-            say(f"excluded: {note}")
-            continue
+            summary = read_summary_document(path)
         except ReportError as error:
             say(f"excluded: {error}")
-            rejected += 1
+            inputs.rejected += 1
+            no_goodput.append(error)
             continue
-        for note in run.notes:
-            say(f"note: {note}")
-        runs.append(run)
-    return runs, training, rejected
+        _add_run(summary, window, inputs)
+        try:
+            if (section := goodput_of(summary)) is not None:
+                inputs.goodput.append(section)
+        except ReportError as error:
+            no_goodput.append(error)
+    for error in no_goodput:
+        say(f"excluded from goodput: {error}")
+    return inputs
+
+
+def _add_run(summary: SummaryDocument, window: Window | None, inputs: Inputs) -> None:
+    """The summary's time-to-train run, or its throughput run, where it can be reported."""
+    try:
+        training_run = training_run_of(summary)
+        if training_run is not None:
+            inputs.training.append(training_run)
+            return
+        run = run_of(summary, window)
+    except IncompleteRun as note:
+        say(f"excluded: {note}")
+        return
+    except ReportError as error:
+        say(f"excluded: {error}")
+        inputs.rejected += 1
+        return
+    for note in run.notes:
+        say(f"note: {note}")
+    inputs.runs.append(run)
 
 
 def _say_left_out(left_out: list[ReportError]) -> int:
@@ -162,15 +196,6 @@ def _say_left_out(left_out: list[ReportError]) -> int:
     for error in left_out:
         say(f"excluded: {error}")
     return sum(not isinstance(error, IncompleteRun) for error in left_out)
-
-
-def _goodput(path: Path) -> dict | None:
-    """A summary's goodput section, whatever its status; a summary that breaks the schema is said so."""
-    try:
-        return read_goodput(path)
-    except ReportError as error:
-        say(f"excluded from goodput: {error}")
-        return None
 
 
 def _plot(report: Report, path: Path) -> None:

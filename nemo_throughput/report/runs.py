@@ -144,11 +144,37 @@ class Run:
                         self.peak_tflops, self.counted)
 
 
+@dataclass
+class SummaryDocument:
+    """One summary file, read and parsed once: its run, its time to train and its goodput are all
+    taken from this document, so a command reads each file once, and a file rewritten while the
+    command runs can never give a mix of two versions."""
+
+    path: Path
+    document: dict[str, Any]
+    _schema_problems: list[str] | None = field(default=None, repr=False)
+
+    def schema_problems(self) -> list[str]:
+        """What the shipped schema finds wrong with it; checked once, however many tables ask."""
+        if self._schema_problems is None:
+            self._schema_problems = validate_summary(self.document)
+        return self._schema_problems
+
+
+def read_summary_document(path: Path) -> SummaryDocument:
+    """Read one summary; ReportError (naming the file) where it is no readable JSON summary."""
+    return SummaryDocument(path, _read(path))
+
+
 def load_run(path: Path, window: Window | None = None) -> Run:
     """Read one summary; raise ReportError (naming the file) if it cannot be reported on."""
-    summary = _read(path)
-    with _checked_against_the_schema(path, summary):
-        return _run(path, summary, window)
+    return run_of(read_summary_document(path), window)
+
+
+def run_of(summary: SummaryDocument, window: Window | None = None) -> Run:
+    """The run a summary read holds; ReportError (naming the file and field) if it cannot be reported on."""
+    with _checked_against_the_schema(summary):
+        return _run(summary.path, summary.document, window)
 
 
 def _run(path: Path, summary: dict[str, Any], window: Window | None) -> Run:
@@ -259,12 +285,11 @@ def _counted(fields: Fields) -> CountedStep | None:
                        source=fields.text("batch.counted.source"))
 
 
-def read_goodput(path: Path) -> dict[str, Any] | None:
+def goodput_of(summary: SummaryDocument) -> dict[str, Any] | None:
     """A summary's goodput section (any status: a killed segment's counts too), None without one;
     ReportError, naming the file and the field, when the summary breaks the schema."""
-    summary = _read(path)
-    with _checked_against_the_schema(path, summary):
-        return summary.get("goodput")
+    with _checked_against_the_schema(summary):
+        return summary.document.get("goodput")
 
 
 def _unit(fields: Fields) -> str:
@@ -354,7 +379,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _checked_against_the_schema(path: Path, summary: dict[str, Any]) -> Iterator[None]:
+def _checked_against_the_schema(summary: SummaryDocument) -> Iterator[None]:
     """The report's own checks first: they name the field the report stumbles on and what it must
     be. Then the shipped schema, for the fields they do not check and for what they do not foresee:
     a summary that breaks it is left out, the message a line per problem."""
@@ -363,13 +388,13 @@ def _checked_against_the_schema(path: Path, summary: dict[str, Any]) -> Iterator
     except ReportError:
         raise
     except (LookupError, TypeError, AttributeError, ValueError, ArithmeticError) as error:
-        problems = validate_summary(summary)
+        problems = summary.schema_problems()
         if not problems:
             raise
-        raise ReportError(schema_problems_message(path, problems)) from error
-    problems = validate_summary(summary)
+        raise ReportError(schema_problems_message(summary.path, problems)) from error
+    problems = summary.schema_problems()
     if problems:
-        raise ReportError(schema_problems_message(path, problems))
+        raise ReportError(schema_problems_message(summary.path, problems))
 
 
 def schema_problems_message(path: Path | str, problems: list[str]) -> str:
@@ -629,13 +654,17 @@ class TrainingRun:
         return self.compliant and self.converged and self.minutes is not None
 
 
-def load_training_run(path: Path) -> TrainingRun | None:
+def is_time_to_train(summary: SummaryDocument) -> bool:
+    """An imported MLPerf result: a time-to-train run, not a throughput run."""
+    return isinstance(summary.document.get("time_to_train"), dict)
+
+
+def training_run_of(summary: SummaryDocument) -> TrainingRun | None:
     """The summary's time-to-train run, or None when it has no time_to_train section."""
-    summary = _read(path)
-    if not isinstance(summary.get("time_to_train"), dict):
+    if not is_time_to_train(summary):
         return None
-    with _checked_against_the_schema(path, summary):
-        return _training_run(path, summary)
+    with _checked_against_the_schema(summary):
+        return _training_run(summary.path, summary.document)
 
 
 def _training_run(path: Path, summary: dict[str, Any]) -> TrainingRun:
