@@ -322,3 +322,11 @@ def test_report_reads_and_schema_checks_each_summary_once(tmp_path, monkeypatch,
     assert opens == dict.fromkeys(summaries, 1)
     assert len(checks) == len(summaries)
 
+
+def test_compare_reads_and_schema_checks_each_summary_once(tmp_path, monkeypatch, capsys):
+    """compare takes a run and its summary's JSON (for its counted steps) from one read: a file
+    rewritten between two reads could otherwise give a mix of two versions."""
+    sides = [write_run(tmp_path / name / "summary.json", label="slurm", step_times=[1.0] * 5) for name in "ab"]
+    opens, checks = count_reads_and_schema_checks(monkeypatch, sides)
+    assert main(["compare", *map(str, sides)]) == 0, capsys.readouterr().err
+    assert opens == dict.fromkeys(sides, 1) and len(checks) == len(sides)

@@ -1,8 +1,8 @@
 """The two sides of a comparison: each a summary, or a directory of summaries that are repeats of
-one configuration. Summaries are read as `report` reads them (report.runs.load_run: every field
-checked, the schema after); this module adds what a comparison needs on top: only regular files
-of a sane size are opened, a run is never counted twice, the repeats are of one configuration,
-and a single run's counted steps are found for its noise."""
+one configuration. Summaries are read as `report` reads them (report.runs.run_of: every field
+checked, the schema after), each file once; this module adds what a comparison needs on top:
+only regular files of a sane size are opened, a run is never counted twice, the repeats are of
+one configuration, and a single run's counted steps are found for its noise."""
 
 from __future__ import annotations
 
@@ -28,9 +28,17 @@ from nemo_throughput.report.comparable import (
     differing,
 )
 from nemo_throughput.report.fields import is_count, is_positive_finite, shown
-from nemo_throughput.report.runs import IncompleteRun, Run, find_summaries, load_run, read_steps_jsonl
+from nemo_throughput.report.runs import (
+    IncompleteRun,
+    Run,
+    find_summaries,
+    is_time_to_train,
+    read_steps_jsonl,
+    read_summary_document,
+    run_of,
+)
 from nemo_throughput.report.segments import join_segments
-from nemo_throughput.summary import MAX_SUMMARY_BYTES, STEPS_FILE, read_summary
+from nemo_throughput.summary import MAX_SUMMARY_BYTES, STEPS_FILE
 from nemo_throughput.text import printable
 from nemo_throughput.window import Window
 
@@ -123,18 +131,13 @@ def require_regular_file(path: Path, limit: int, what: str) -> None:
 
 
 def _load(path: Path) -> tuple[Run, dict[str, Any]]:
-    """The run as report reads it, and its summary's JSON (for what the run does not keep)."""
-    try:
-        document = read_summary(path)
-    except (ValueError, RecursionError):
-        document = None  # load_run says what is wrong with it, naming the field
-    if isinstance(document, dict) and isinstance(document.get("time_to_train"), dict):
+    """The run as report reads it, and its summary's JSON (for what the run does not keep): both from
+    one read of the file, so a summary rewritten while it is compared cannot give a mix of two versions."""
+    summary = read_summary_document(path)
+    if is_time_to_train(summary):
         raise ReportError(f"{printable(path)}: a time-to-train result (MLPerf); compare compares throughput runs "
                           "(nemo-throughput report shows time to train)")
-    run = load_run(path)
-    if not isinstance(document, dict):
-        raise ReportError(f"{printable(path)}: changed while it was read; run the comparison again")
-    return run, document
+    return run_of(summary), summary.document
 
 
 def _require_distinct_runs(runs: list[Run]) -> None:
