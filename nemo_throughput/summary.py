@@ -388,13 +388,19 @@ def read_summary(path: str | os.PathLike) -> dict[str, Any]:
     regular file of at most MAX_SUMMARY_BYTES only, never waiting: a FIFO where a summary belongs
     would hang every reader (report, compare, import)."""
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
-            status = os.fstat(file.fileno())
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:  # looked at before it is read as a file: a directory's cannot be
+            status = os.fstat(descriptor)
             if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_SUMMARY_BYTES:
                 raise ValueError(f"{path}: not a summary file (a FIFO, device or directory, or over "
                                  f"{MAX_SUMMARY_BYTES // 1024 ** 2} MiB)")
-            summary = json.loads(file.read())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            with os.fdopen(descriptor, "rb", closefd=False) as file:
+                summary = json.loads(file.read())
+        finally:
+            os.close(descriptor)
+    except OSError as error:  # its own text: the error's filename would be the descriptor's number
+        raise ValueError(f"{path}: not a readable JSON summary ({error.strerror or error})") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: not a readable JSON summary ({error})") from error
     schema = summary.get("schema") if isinstance(summary, dict) else None
     if schema != SCHEMA:

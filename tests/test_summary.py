@@ -53,8 +53,11 @@ def test_read_summary_names_the_file_and_the_problem(tmp_path):
     broken.write_text('{"schema": ')
     with pytest.raises(ValueError, match="broken.json: not a readable JSON summary"):
         read_summary(broken)
-    with pytest.raises(ValueError, match="missing.json: not a readable JSON summary"):
+    with pytest.raises(ValueError, match=r"missing.json: not a readable JSON summary \(No such file or directory\)$"):
         read_summary(tmp_path / "missing.json")
+    (tmp_path / "folder.json").mkdir()  # the error named the descriptor: "[Errno 21] Is a directory: 3"
+    with pytest.raises(ValueError, match=r"folder.json: not a summary file \(a FIFO, device or directory"):
+        read_summary(tmp_path / "folder.json")
 
 
 def test_json_lines_append(tmp_path):

@@ -146,7 +146,7 @@ class Inputs:
 
 def _read_inputs(paths: list[Path], problems: list[ReportError], window: Window | None) -> Inputs:
     """Each summary read once; each input that cannot be used is listed on stderr, those left out of
-    the goodput table after the others."""
+    the goodput table after the others (unless for what already left them out whole)."""
     inputs = Inputs(rejected=len(problems))
     for problem in problems:
         say(f"excluded: {problem}")
@@ -157,37 +157,39 @@ def _read_inputs(paths: list[Path], problems: list[ReportError], window: Window 
         except ReportError as error:
             say(f"excluded: {error}")
             inputs.rejected += 1
-            no_goodput.append(error)
             continue
-        _add_run(summary, window, inputs)
+        excluded = _add_run(summary, window, inputs)
         try:
             if (section := goodput_of(summary)) is not None:
                 inputs.goodput.append(section)
         except ReportError as error:
-            no_goodput.append(error)
+            if str(error) != excluded:
+                no_goodput.append(error)
     for error in no_goodput:
         say(f"excluded from goodput: {error}")
     return inputs
 
 
-def _add_run(summary: SummaryDocument, window: Window | None, inputs: Inputs) -> None:
-    """The summary's time-to-train run, or its throughput run, where it can be reported."""
+def _add_run(summary: SummaryDocument, window: Window | None, inputs: Inputs) -> str | None:
+    """The summary's time-to-train run, or its throughput run, where it can be reported; else why not
+    (said)."""
     try:
         training_run = training_run_of(summary)
         if training_run is not None:
             inputs.training.append(training_run)
-            return
+            return None
         run = run_of(summary, window)
     except IncompleteRun as note:
         say(f"excluded: {note}")
-        return
+        return str(note)
     except ReportError as error:
         say(f"excluded: {error}")
         inputs.rejected += 1
-        return
+        return str(error)
     for note in run.notes:
         say(f"note: {note}")
     inputs.runs.append(run)
+    return None
 
 
 def _say_left_out(left_out: list[ReportError]) -> int:
