@@ -20,7 +20,7 @@ from mlperf_logging.compliance_checker.mlp_parser import parse_file  # noqa: E40
 
 from conftest import import_error_line  # noqa: E402
 from nemo_throughput.cli import main  # noqa: E402
-from nemo_throughput.importers.mlperf import MAX_LISTED  # noqa: E402
+from nemo_throughput.importers.mlperf.tree import MAX_LISTED  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "mlperf"
 EOS_8 = DATA / "NVIDIA" / "eos_ngc24.04_nemo" / "llama2_70b_lora"  # 1 x 8 H100, :::SYSJSON states them

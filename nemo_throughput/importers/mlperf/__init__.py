@@ -15,13 +15,9 @@ count over its time agrees with the rate.
 
 from __future__ import annotations
 
-import errno
-import fnmatch
 import hashlib
 import json
 import logging
-import os
-import stat
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +26,7 @@ from typing import Any
 from nemo_throughput.environment import package_version
 from nemo_throughput.errors import ReportError
 from nemo_throughput.importers import DEFAULT_GPUS_PER_NODE
+from nemo_throughput.importers.mlperf.tree import GIVE_A_RESULT_FILE, NotAResultFile, result_files, unreadable_file
 from nemo_throughput.run_facts import RunFacts
 from nemo_throughput.run_stats import RunStats
 from nemo_throughput.summary import ResultRate, build_summary
@@ -38,7 +35,6 @@ from nemo_throughput.values import is_int, is_number, stated_name, whole_number
 
 NAME = "mlperf"
 USAGE = "training"
-RESULT_GLOB = "result_*.txt"  # result_summarizer's file pattern
 SYSJSON_TAG = ":::SYSJSON "
 MLLOG_TAG = ":::MLLOG "
 MAX_COUNT = 1_000_000  # nodes, or accelerators per node: more than any system has (a typo or a broken file)
@@ -51,14 +47,6 @@ TOKEN_RATE_SOURCE = f"{RATE_SOURCE} / max_sequence_length"
 # A rate and the run's count over its time agree within this factor (the latter includes evaluation, which the
 # rates of real logs leave out: llama2_70b_lora's 112 samples/s over a run's 79); tokens for samples is 2048x.
 RATE_AGREEMENT = 2.0
-
-
-class NotAResultFile(ReportError):
-    """A file named like a result file that holds none (empty: a copy cut short; or other text)."""
-
-    def __init__(self, path: Path, why: str) -> None:
-        super().__init__(f"{printable(path)}: {why} {GIVE_A_RESULT_FILE}")
-        self.left_out = f"{printable(path)}: {why}"  # as said of a file found in a directory
 
 
 def _library() -> Any:
@@ -75,181 +63,6 @@ def rulesets() -> list[str]:
     """The training rulesets mlperf-logging checks against, newest first."""
     _, compliance, _ = _library()
     return sorted(compliance.rule_choices(), key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True)
-
-
-GIVE_A_RESULT_FILE = "(give a readable MLPerf Training result file, or the folder that holds them)"
-MAX_LISTED = 10  # files left out named one per line; the rest are counted
-
-
-@dataclass
-class FoundResults:
-    """The result files to import: each given file, and those found under each given directory; and
-    what was left out of the directories (a tree holds links to nowhere, FIFOs, folders named like a
-    result file, files that cannot be read), each with why."""
-
-    files: list[Path] = field(default_factory=list)
-    named: set[Path] = field(default_factory=set)  # given on the command line: refused, never left out
-    links: list[str] = field(default_factory=list)  # links to another file found: the same run, imported once
-    left_out: list[str] = field(default_factory=list)  # "<path>: <why>"
-
-    def leave_out(self, path: Path, error: NotAResultFile) -> None:
-        """A file found in a directory that holds no result is left out, said; one the user named is refused."""
-        if path in self.named:
-            raise error
-        self.left_out.append(error.left_out)
-
-    def notes(self) -> list[str]:
-        """Said once per command: the links imported once, and the files left out (the first
-        MAX_LISTED named, the rest counted)."""
-        listed = [f"left out {entry}" for entry in self.left_out[:MAX_LISTED]]
-        if len(self.left_out) > MAX_LISTED:
-            listed.append(f"and {len(self.left_out) - MAX_LISTED} more result file(s) left out")
-        return [*self.links, *listed]
-
-    def refuse_if_none(self, imported: int) -> None:
-        """Nothing importable remains: refused, naming the first files left out and why."""
-        if imported == 0:
-            shown = "; ".join(self.left_out[:3]) + ("; ..." if len(self.left_out) > 3 else "")
-            raise ReportError(f"no result file could be imported: {len(self.left_out)} left out ({shown}) "
-                              "(fix or remove them, or give the result files that can be read)")
-
-
-def result_files(paths: list[Path]) -> FoundResults:
-    """Files as given (one that cannot be read is refused); directories expand to the ``result_*.txt``
-    files under them, in name order (a submitter folder, with ``results/`` and ``systems/``: those of
-    ``results/<system>/<benchmark>/``), each run once, those that cannot be read left out and said."""
-    found = FoundResults()
-    for path in paths:
-        if path.is_dir():
-            _add_directory(found, path)
-            continue
-        why = unreadable_file(path)
-        if why is not None:
-            raise ReportError(f"{printable(path)}: {why} {GIVE_A_RESULT_FILE}")
-        found.files.append(path)
-        found.named.add(path)
-    return found
-
-
-def _add_directory(found: FoundResults, folder: Path) -> None:
-    depth = SUBMITTER_DEPTH if _is_submitter(folder) else None
-    candidates, left_out = _walk(folder / "results" if depth else folder, depth)
-    if not candidates and not left_out:
-        raise ReportError(f"{printable(folder)}: no MLPerf result files ({RESULT_GLOB}) under it (give the result "
-                          "files or the directory that holds them)")
-    found.left_out.extend(left_out)
-    files, links = _each_run_once(candidates)
-    found.files.extend(files)
-    found.links.extend(links)
-
-
-SUBMITTER_DEPTH = 2  # results/<system>/<benchmark>/result_*.txt, result_summarizer's layout
-
-
-def _walk(folder: Path, depth: int | None) -> tuple[list[Path], list[str]]:
-    """The readable ``result_*.txt`` files under ``folder`` (at ``depth`` folders down, or any), and
-    "<path>: <why>" for each entry of that name left out and each folder not walked. Links to folders
-    are not followed (a link to ``/`` or a loop of links would walk without end), and nothing but a
-    regular file is ever opened (a FIFO would block)."""
-    candidates: list[Path] = []
-    left_out: list[str] = []
-    pending = [(folder, 0)]
-    while pending:
-        current, level = pending.pop()
-        try:
-            entries = sorted(os.scandir(current), key=lambda entry: entry.name)
-        except OSError as error:
-            if level == 0:  # the folder given (or its results/): named by the user, refused
-                raise ReportError(f"{printable(current)}: a folder that cannot be read ({_os_reason(error)}) (check "
-                                  "its permissions)") from error
-            left_out.append(f"{printable(current)}: a folder that cannot be read ({_os_reason(error)}): not walked")
-            continue
-        for entry in entries:
-            path, descend = Path(entry.path), depth is None or level < depth
-            if descend and _is_folder(entry):
-                pending.append((path, level + 1))
-            elif descend and _is_link_to_folder(entry):
-                left_out.append(f"{printable(path)}: a link to a folder: not walked (give it on the command line "
-                                "to import the result files under it)")
-            elif (depth is None or level == depth) and fnmatch.fnmatchcase(entry.name, RESULT_GLOB):
-                why = unreadable_file(path)
-                (candidates.append(path) if why is None else left_out.append(f"{printable(path)}: {why}"))
-    return sorted(candidates), sorted(left_out)
-
-
-def _each_run_once(files: list[Path]) -> tuple[list[Path], list[str]]:
-    """A directory's result files, a link among them to another of them (result_1.txt -> result_2.txt)
-    left out, as is a second link to one file: the same run, imported once, and said."""
-    kept: dict[Path, Path] = {}
-    for file in sorted(files, key=Path.is_symlink):  # the files themselves before the links to them
-        kept.setdefault(file.resolve(), file)
-    notes = [f"{printable(file)} is a link to {printable(kept[file.resolve()])}: the same run, imported once"
-             for file in files if kept[file.resolve()] != file]
-    return sorted(kept.values()), notes
-
-
-
-def _is_folder(entry: os.DirEntry) -> bool:
-    """A real folder (not a link to one) that is not named like a result file."""
-    try:
-        return entry.is_dir(follow_symlinks=False) and not fnmatch.fnmatchcase(entry.name, RESULT_GLOB)
-    except OSError:
-        return False
-
-
-def _is_link_to_folder(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_symlink() and entry.is_dir()
-    except OSError:  # a loop of links, or one to nowhere
-        return False
-
-
-def unreadable_file(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a result file, or None: it must be (or link to) a regular file
-    that opens for reading. A FIFO, socket or device is never opened; a link to nowhere or a loop of
-    links, a folder, and a file without read permission are each named."""
-    try:
-        mode = path.stat().st_mode  # follows links
-    except OSError as error:
-        return _missing(path, error)
-    if stat.S_ISDIR(mode):
-        return "a folder named like a result file, not a file: not walked" if \
-            fnmatch.fnmatchcase(path.name, RESULT_GLOB) else "a folder, not a result file"
-    if not stat.S_ISREG(mode):
-        return f"a {_file_kind(mode)}, not a regular file: not opened"
-    try:
-        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # regular: opening cannot block
-    except OSError as error:
-        return f"cannot be opened for reading ({_os_reason(error)})"
-    return None
-
-
-def _missing(path: Path, error: OSError) -> str:
-    if error.errno == errno.ELOOP:
-        return "a loop of links: it links to no file"
-    if path.is_symlink():
-        return f"a link to {printable(os.readlink(path))}, which does not exist"
-    if error.errno == errno.ENOENT:
-        return "no such file or directory"
-    return f"cannot be read ({_os_reason(error)})"
-
-
-def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
-             (stat.S_ISBLK, "block device"))
-    return next((kind for test, kind in kinds if test(mode)), "special file")
-
-
-def _os_reason(error: OSError) -> str:
-    return printable(error.strerror or error)
-
-
-def _is_submitter(folder: Path) -> bool:
-    """A submitter's folder as result_summarizer recognises one: ``results/`` and ``systems/`` in it."""
-    try:
-        return (folder / "results").is_dir() and (folder / "systems").is_dir()
-    except OSError:  # a folder that cannot be searched: walking it says why
-        return False
 
 
 @dataclass
@@ -447,7 +260,7 @@ class ResultLog:
     @property
     def num_nodes(self) -> int | None:
         stated, _ = self.count("number_of_nodes")
-        return stated if stated is not None else _platform_nodes(self.platform)
+        return stated if stated is not None else platform_nodes(self.platform)
 
     @property
     def accelerators_per_node(self) -> int | None:
@@ -598,7 +411,7 @@ def _check_one(path: Path, ruleset: str) -> Compliance:
     return Compliance(ruleset, bool(valid), [str(e).strip() for e in errors])
 
 
-def _platform_nodes(platform: str | None) -> int | None:
+def platform_nodes(platform: str | None) -> int | None:
     """Nodes from a submission_platform such as ``8xNVIDIA DGX H100`` (the MLPerf naming rule)."""
     if platform is None:
         return None
@@ -662,7 +475,7 @@ def import_result(path: Path, *, label: str | None = None, name: str | None = No
     if result.benchmark is None:
         raise ReportError(f"{printable(path)}: no submission_benchmark line (give an MLPerf Training result file)")
     real = path.resolve()  # a link's system, counts and scaling.json are those of the folder of the file it links to
-    system, notes = _system_file(real)
+    system, notes = system_file_of(real)
     if path.is_symlink():
         notes.append(f"a link to {printable(real)}: the systems file and scaling.json are those of its folder")
     scale, scale_notes = _scale(path, result, system, num_gpus, gpus_per_node)
@@ -739,7 +552,7 @@ def unnamed_round_note(summaries: list[dict[str, Any]]) -> str:
             "submitted to (e.g. --ruleset 4.0.0) to check them as that round")
 
 
-def _system_file(path: Path) -> tuple[SystemFile | None, list[str]]:
+def system_file_of(path: Path) -> tuple[SystemFile | None, list[str]]:
     """The submission's description of the result's system; None outside a submission's layout."""
     described = system_file_path(path)
     if described is None or not described.parent.is_dir():  # results/ without its submission around it
@@ -790,7 +603,7 @@ def _scale(path: Path, result: ResultLog, system: SystemFile | None, given: int 
 def _given_scale(path: Path, result: ResultLog, given: int, gpus_per_node: int | None) -> tuple[Scale, str]:
     """--num-gpus on the nodes the log's submission_platform names (``18xNVIDIA GB200``: 18), where it
     names them, and a count that does not fit them refused; else on nodes of --gpus-per-node."""
-    nodes = _platform_nodes(result.platform)
+    nodes = platform_nodes(result.platform)
     if nodes is None:
         per_node = gpus_per_node or DEFAULT_GPUS_PER_NODE
         nodes = -(-given // per_node)
