@@ -32,7 +32,7 @@ from nemo_throughput.flops import FORMULAS, ModelSpec, flops_terms
 SAFETY = 1.5  # on the rounding bound, as for the tokens/s check (logs.ROUNDED)
 VOCAB_MULTIPLE = 128  # Megatron pads the vocabulary to 128 x TP; Bridge to a power of two up to 128, x TP
 SEQ_GRANULE = 1024  # sequence lengths named as a cause are multiples of it (or powers of two below it)
-MAX_GPUS = 1_000_000  # a GPU count named as a cause is one import accepts (importers.mlperf.MAX_COUNT)
+MAX_GPUS = 1_000_000  # a GPU count named as a cause is one import accepts (importers.mlperf.systems.MAX_COUNT)
 MAX_LISTED = 10
 FLOAT32_SPACING = 2.0 ** -23  # an event file's scalar is a float32
 AGREEING = ("agree", "agree_with_earlier_count", "agree_with_framework_count")
