@@ -29,9 +29,10 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
 * summaries in and out: importers/ (logs, lines, steps, segments: which part of a restarted log,
   and one module per format: nemo, megatron, tensorboard, and the package mlperf/ (tree: the result
   files found in the folders given; systems: systems/<system>.json, and the one check of every stated
-  count); crosscheck: the facts given against a log's own TFLOP/s, with crosscheck_megatron and crosscheck_nemo: each framework's fields and
-  counts) make summaries of logs; report/ (runs, fields, comparable: which runs may be averaged,
-  compared or scaled; segments: a resumed run's summaries joined; goodput: the runs' goodput table;
+  count; result_log: one result file read with mlperf-logging's parser and compliance checker);
+  crosscheck: the facts given against a log's own TFLOP/s, with crosscheck_megatron and
+  crosscheck_nemo: each framework's fields and counts) make summaries of logs; report/ (runs,
+  fields, comparable: which runs may be averaged, compared or scaled; segments: a resumed run's summaries joined; goodput: the runs' goodput table;
   grouping, rendering, time_to_train, plots) makes tables and plots of summaries; compare/ (sides, stats, comparison, render) says whether a candidate's runs are slower
   than a baseline's.
 * entry points: cli and the ``command`` modules (report, compare, importers, launch, bench, demo,

@@ -1032,7 +1032,7 @@ def test_lines_that_several_ranks_print_alike_are_one_event(capsys, tmp_path):
 def test_reading_a_large_result_file_takes_memory_that_does_not_grow_with_its_size(tmp_path):
     import tracemalloc
 
-    from nemo_throughput.importers import mlperf
+    from nemo_throughput.importers.mlperf.result_log import read_result
 
     noisy = tmp_path / "result_0.txt"  # a real run, then 15 MB of NCCL-style lines, as a verbose job prints them
     nccl = "node01:1234:5678 [0] NCCL INFO Channel 00/32 : 0[0] -> 1[1] via P2P/CUMEM/read " * 40 + "\n"
@@ -1041,7 +1041,7 @@ def test_reading_a_large_result_file_takes_memory_that_does_not_grow_with_its_si
     assert size > 15 * 1024 ** 2
     tracemalloc.start()
     try:
-        result = mlperf.read_result(noisy, "5.1.0")
+        result = read_result(noisy, "5.1.0")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
