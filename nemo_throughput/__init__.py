@@ -29,7 +29,8 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
 * summaries in and out: importers/ (logs, lines, steps, segments: which part of a restarted log,
   and one module per format: nemo, megatron, tensorboard, and the package mlperf/ (tree: the result
   files found in the folders given; systems: systems/<system>.json, and the one check of every stated
-  count; result_log: one result file read with mlperf-logging's parser and compliance checker);
+  count; result_log: one result file read with mlperf-logging's parser and compliance checker;
+  result_summary: the summary of one result: time to train, counts, samples/s and notes);
   crosscheck: the facts given against a log's own TFLOP/s, with crosscheck_megatron and
   crosscheck_nemo: each framework's fields and counts) make summaries of logs; report/ (runs,
   fields, comparable: which runs may be averaged, compared or scaled; segments: a resumed run's summaries joined; goodput: the runs' goodput table;
