@@ -501,3 +501,27 @@ def test_a_fifo_where_a_summary_belongs_is_refused_at_once_never_waited_on(tmp_p
     code = main(["report", str(target)])
     err = capsys.readouterr().err
     assert code == 2 and "not a summary file (a FIFO, device or directory" in err, err
+
+
+EVO2_LOG = Path(__file__).parent / "data" / "import" / "nemo2_evo2_finetune_notebook.log"
+
+
+@pytest.mark.parametrize("field, edited", [
+    ("timing.step_time_s.mean", lambda summary: summary["timing"]["step_time_s"]["mean"] * 0.5),  # 2x the rate
+    ("timing.steps_measured", lambda summary: summary["timing"]["steps_measured"] + 1),
+    ("timing.steps", lambda summary: [[step, seconds / 2] for step, seconds in summary["timing"]["steps"]]),
+])
+def test_an_imported_summary_whose_mean_is_not_its_steps_is_refused(tmp_path, capsys, field, edited):
+    """A real log's summary edited by hand (its mean halved: tokens/s doubled in the table, while a
+    --window over its listed steps said otherwise). Unedited, it reports; edited, it is excluded."""
+    assert main(["import", str(EVO2_LOG), "--label", "x", "--model", "gpt3-126m", "--seq-length", "2048",
+                 "--num-gpus", "8", "--output-dir", str(tmp_path)]) == 0
+    path = tmp_path / EVO2_LOG.stem / "summary.json"
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 0
+    edit(path, field, edited(json.loads(path.read_text())))
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 2  # no run left
+    err = capsys.readouterr().err
+    assert f"excluded: {path}: timing.step_time_s.mean " in err and "is not what its timing.steps hold in its " \
+        "window 11: (" in err and "edited by hand? import the log again" in err, err

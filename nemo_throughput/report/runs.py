@@ -247,9 +247,21 @@ def _warmup(path: Path, fields: Fields) -> Warmup:
     counted = window.select(logged)
     if not counted:
         raise fields.error("timing.window", recorded, f"it selects none of its timing.steps ({_step_range(logged)})")
+    _require_its_own_steps(path, fields, counted, recorded)
     # Steps, not logged lines: a log that prints every 10th step, or has gaps, warms up as many steps.
     opens = window.start if window.start is not None and window.start >= 0 else counted[0][0]
     return Warmup(max(0, opens - logged[0][0]), f"window {printable(recorded)}")
+
+
+def _require_its_own_steps(path: Path, fields: Fields, counted: list[tuple[int, float]], window: str) -> None:
+    """An imported run's step time is the mean of the steps it lists, in its window: a mean or a list
+    edited by hand would make the table (the mean) and a --window (the list) tell two runs apart."""
+    mean, measured = fields.positive("timing.step_time_s.mean"), fields.count("timing.steps_measured")
+    own = math.fsum(seconds for _, seconds in counted) / len(counted)
+    if measured != len(counted) or not math.isclose(mean, own, rel_tol=1e-9):
+        raise ReportError(f"{printable(path)}: timing.step_time_s.mean {mean:.6g} s over timing.steps_measured "
+                          f"{measured} is not what its timing.steps hold in its window {printable(window)} "
+                          f"({own:.6g} s over {len(counted)} steps): edited by hand? import the log again")
 
 
 def _model_spec(fields: Fields) -> dict[str, Any] | None:
