@@ -572,6 +572,22 @@ def test_an_event_file_cut_short_is_a_clear_error(tmp_path, capsys):
     assert code == 2 and "is cut short" in import_error_line(err, event.name)
 
 
+@pytest.mark.parametrize("name", ["megatron_lm_mixtral_issue756.log", "nemo2_evo2_finetune_notebook.log",
+                                  "nemo1_dgxc_llama31_70b_last_step.out"])
+def test_a_real_log_with_crlf_line_ends_reads_as_the_same_steps(tmp_path, capsys, name):
+    """A log saved on Windows, or passed through a tool that writes CRLF: each \\r before a \\n must not
+    read as a progress bar's redraw that hides or doubles a step."""
+    crlf = tmp_path / f"crlf_{name}"
+    crlf.write_bytes((DATA / name).read_bytes().replace(b"\n", b"\r\n"))
+    steps = []
+    for log, out in ((DATA / name, tmp_path / "lf"), (crlf, tmp_path / "crlf")):
+        code, _, err = run_import(capsys, log, "--warmup", "0", "--global-batch-size", "4" if "evo2" in name else "128",
+                                  out=out)
+        assert code == 0, err
+        steps.append(summary_of(out, log.stem)["timing"]["steps"])
+    assert steps[0] == steps[1] and steps[0]
+
+
 def test_a_huge_line_without_breaks_is_read_in_bounded_memory(tmp_path, capsys):
     import tracemalloc
 
