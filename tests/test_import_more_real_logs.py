@@ -77,6 +77,26 @@ def test_real_megatron_deepspeed_tgs_checks_the_facts_given(tmp_path, capsys):
     assert "line 1: the log states 142.6 tokens/s per GPU at iteration 5" in line and "--num-gpus 32 is 285.2" in line
 
 
+def test_real_megatron_deepspeed_key_value_line_of_argonne_s_fork(tmp_path, capsys):
+    # Argonne's Megatron-DeepSpeed (AuroraGPT) prints `iteration=  1/ 317892 | ... elapsed_time_per_iteration_ms=
+    # 108893.2 | ... global_batch_size=  768 | ... tokens_per_gpu_per_second_tgs=1203.674 |`: it was no step line
+    log = DATA / "megatron_deepspeed_alcf_key_value.log"  # 2 nodes x 12 tiles, sequence 4096, GBS 768
+    code, err = run_import(capsys, log, "--model", "llama2-7b", "--seq-length", 4096, "--num-gpus", 24,
+                           "--gpus-per-node", 12, out=tmp_path)
+    assert code == 0, err
+    assert "the log's own tokens/s per GPU agree with --seq-length 4096 and --num-gpus 24 (1 line(s) checked)" in err
+    summary = summary_of(tmp_path, log.stem)
+    assert summary["timing"]["steps"] == [[1, pytest.approx(108.8932)]]
+    assert summary["batch"]["global_batch_size"] == 768  # as global_batch_size= states it
+    samples_per_s = float(re.search(r"samples_per_second=([\d.]+)", log.read_text()).group(1))
+    assert 768 / times(summary)[0] == pytest.approx(samples_per_s, abs=5e-4)  # read in ms: the log's own rate
+
+    code, err = run_import(capsys, log, "--model", "llama2-7b", "--seq-length", 4096, "--num-gpus", 12,
+                           "--gpus-per-node", 12, out=tmp_path / "wrong")
+    line = import_error_line(err, log.name)
+    assert code == 2 and "line 2: the log states 1,203.7 tokens/s per GPU at iteration 1" in line and "is 2,407.3" in line
+
+
 def test_real_megatron_deepspeed_runs_sharing_one_file_are_segments(tmp_path, capsys):
     # BLOOM-176B reshaping experiments: each run resumes from iteration 94767 and prints 94768 again
     log = DATA / "megatron_deepspeed_bloom_reshaping_runs.log"

@@ -49,15 +49,18 @@ from nemo_throughput.importers.steps import Step, StepLog
 NAME = "megatron"
 TAG = "elapsed time per iteration (ms)"
 SECONDS_TAG = "elapsed time per iteration (s)"  # Megatron-DeepSpeed (BigScience's fork): seconds
+KEY_TAG = "elapsed_time_per_iteration_ms="  # Argonne's Megatron-DeepSpeed (AuroraGPT): the fields as key=value
 BATCH_ORIGIN = "`global batch size:`, or `consumed samples:` from one printed iteration to the next"
 
-_ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|")
+# Each field as Megatron-LM prints it (`iteration   10/  100 |`, `global batch size:   128 |`), or as
+# Argonne's Megatron-DeepSpeed does, its words joined by `_` and its value after `=` (`iteration=  10/  100 |`).
+_ITERATION = re.compile(r"\biteration(?:\s+|=\s*)(\d+)/\s*\d+\s*\|")
 # the value of this interval, then Primus' running average after a "/" (not read)
-_ELAPSED = re.compile(r"elapsed time per iteration \((ms|s)\):\s*([^\s|/]*)")  # empty: only Primus' average
-_BATCH = re.compile(r"global batch size:\s*(\d+)")
-_CONSUMED = re.compile(r"consumed samples:\s*(\d+)")
-_TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean"
-                             r"|tokens per gpu per second \(tgs\)):"
+_ELAPSED = re.compile(r"elapsed(?: time per iteration \((ms|s)\):|_time_per_iteration_(ms)=)\s*([^\s|/]*)")
+_BATCH = re.compile(r"global(?: batch size:|_batch_size=)\s*(\d+)")
+_CONSUMED = re.compile(r"consumed(?: samples:|_samples=)\s*(\d+)")
+_TOKENS_PER_GPU = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\):|tokens/s/GPU inst/harmonic mean:"
+                             r"|tokens per gpu per second \(tgs\):|tokens_per_gpu_per_second_tgs=)"
                              r"\s*([\d.]+)(?=[/\s|])")  # a number without what follows it may be cut
 _BRIDGE_STEP_TIME = re.compile(r"Step Time : (\S+)s GPU utilization: (\S*?)(?:MODEL_)?TFLOP/s/GPU")
 # Megatron-LM's `throughput per GPU`, Primus' `compute per GPU` (then `(avg ...)`): the first value only
@@ -75,7 +78,7 @@ BANNER_ON_STEP_RANK = False  # rank 0 prints the banner, the last rank the steps
 
 def matches(text: str) -> bool:
     """A step line: an iteration with its time (not, say, a message that names the field)."""
-    return ((TAG in text or SECONDS_TAG in text) and _ITERATION.search(text) is not None
+    return ((TAG in text or SECONDS_TAG in text or KEY_TAG in text) and _ITERATION.search(text) is not None
             and _ELAPSED.search(text) is not None)
 
 
@@ -131,7 +134,7 @@ class Reader:
         elapsed = _ELAPSED.search(line.text)
         if not iteration or not elapsed:
             return False
-        unit, value = elapsed.groups()
+        unit, value = elapsed.group(1) or elapsed.group(2), elapsed.group(3)
         if not value:
             self.no_value_lines.append(line.number)
             return True
