@@ -242,3 +242,27 @@ def test_megatron_event_files_throughput_scalar_is_checked(tmp_path, capsys):
     assert check["verdict"] == "agree" and check["count"] == "megatron" and check["lines"] == 3
     checks, _ = crosscheck(capsys, tmp_path, events, "--model", "mixtral-8x7b", seq_length=2048, num_gpus=8)
     assert checks[0]["verdict"] == "disagree" and any(c.startswith("--num-gpus 16 fits") for c in checks[0]["causes"])
+
+
+def test_the_spread_of_a_repeated_figure_is_its_run_s_in_one_pass():
+    """The step-time spread each line's figure may average: from the line before the figure was first
+    printed to the line after. Held against that definition, applied line by line, on runs of every length
+    (a figure the callback logs every few thousand steps is printed on every line between)."""
+    import random
+
+    from nemo_throughput.importers.crosscheck_nemo import _spreads
+    from nemo_throughput.importers.steps import Step
+
+    rng = random.Random(7)
+    figures = [f for figure in (1.0, 2.0, None, 3.0, 3.0) for f in [figure] * rng.randint(1, 6)]
+    steps = [Step(i + 1, rng.choice([rng.uniform(0.5, 2.0), float("nan"), 0.0]), None, i + 1, None, f)
+             for i, f in enumerate(figures)]
+
+    def by_definition(index):
+        first = index
+        while first > 0 and steps[first - 1].tflops_per_gpu == steps[index].tflops_per_gpu:
+            first -= 1
+        times = [s.seconds for s in steps[max(first - 1, 0):index + 2] if s.seconds == s.seconds and s.seconds > 0]
+        return max(times) / min(times) - 1 if times else 0.0
+
+    assert _spreads(steps) == pytest.approx([by_definition(i) for i in range(len(steps))])

@@ -58,12 +58,13 @@ def stated_rates(steps: list[Step], batch: int, unit: Callable[[float], float]) 
     """The figures the steps state, each with its own time, the batch the callback counts and, where the
     figure need not be its own step's, the spread of the step times it may average."""
     own = _figures_are_their_steps(steps)
+    spreads = [0.0] * len(steps) if own else _spreads(steps)
     rates = []
     for index, step in enumerate(steps):
         if step.tflops_per_gpu is None or (not own and _first_of_an_average(steps, index)):
             continue
         rates.append(StatedRate(step.line, step.tflops_per_gpu, step.seconds, unit(step.tflops_per_gpu),
-                                unit(step.seconds), batch, 0.0 if own else _spread(steps, index)))
+                                unit(step.seconds), batch, spreads[index]))
     return rates
 
 
@@ -81,13 +82,25 @@ def _first_of_an_average(steps: list[Step], index: int) -> bool:
     return index > 0 and steps[index - 1].tflops_per_gpu is None
 
 
-def _spread(steps: list[Step], index: int) -> float:
-    """max / min - 1 of the times from the line before the figure was first printed to the line after."""
-    first = index
-    while first > 0 and steps[first - 1].tflops_per_gpu == steps[index].tflops_per_gpu:
-        first -= 1
-    times = [s.seconds for s in steps[max(first - 1, 0):index + 2] if math.isfinite(s.seconds) and s.seconds > 0]
-    return max(times) / min(times) - 1 if times else 0.0
+def _spreads(steps: list[Step]) -> list[float]:
+    """For each line, max / min - 1 of the times from the line before its figure was first printed to the
+    line after it; in one pass, the bounds carried along a run of one figure (a figure the callback logs
+    every few thousand steps is printed on every line between)."""
+    spreads, low, high = [], math.inf, 0.0
+    for index, step in enumerate(steps):
+        if index == 0 or steps[index - 1].tflops_per_gpu != step.tflops_per_gpu:  # the figure first printed here
+            low, high = _widened(math.inf, 0.0, steps[index - 1].seconds if index else math.nan)
+        low, high = _widened(low, high, step.seconds)
+        after = _widened(low, high, steps[index + 1].seconds if index + 1 < len(steps) else math.nan)
+        spreads.append(after[1] / after[0] - 1 if after[1] > 0 else 0.0)
+    return spreads
+
+
+def _widened(low: float, high: float, seconds: float) -> tuple[float, float]:
+    """The bounds with one more step time, where it is a usable one."""
+    if math.isfinite(seconds) and seconds > 0:
+        return min(low, seconds), max(high, seconds)
+    return low, high
 
 
 # ------------------------------------------------------------------ the counts compared with
@@ -178,6 +191,6 @@ def check_import(steps: list[Step], field_name: str, unit: Callable[[float], flo
     rates = stated_rates(steps, facts.batch, unit)
     batches = {s.global_batch_size for s in steps if s.global_batch_size is not None}
     source = Source(rates, BATCH_CHANGES if batches - {facts.batch} else None,
-                    missing=len(steps) - len(rates))
+                    missing=sum(step.tflops_per_gpu is None for step in steps))
     counts = counts_for(spec, given_flops, facts.gpus_per_node, halved_possible=OLD_FIELD not in field_name)
     return check_log({field_name: source}, counts, replace(facts, framework_counts=UNREPRODUCED))
