@@ -192,7 +192,7 @@ def _compare(result: Result, usable: list[StatedRate], count: Count, num_gpus: i
     result.log_flops_per_sample = statistics.median(r.flops_per_sample(num_gpus) for r in usable)
     result.ours_tflops = statistics.median(count.flops_per_sample * r.batch / r.seconds / num_gpus / 1e12
                                            for r in usable)
-    result.ratio = statistics.median(r.flops_per_sample(num_gpus) / count.flops_per_sample for r in usable)
+    result.ratio = result.log_flops_per_sample / count.flops_per_sample  # the median's, over a constant
     result.allowance = max(_allowance(r, count) for r in usable)
     result.spread = any(r.spread for r in usable)
 

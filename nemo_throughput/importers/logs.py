@@ -133,10 +133,11 @@ def read_log(path: Path, fmt: str | None = None, rank: str | None = None,
     cut = cut_reason(last, before, module.is_whole) if last is not None else None
     if cut is None and last is not None:
         reader.feed(last)
-    if not reader.log.steps and cut is not None:
+    no_steps = not any(segment.steps for segment in reader.log.segments)  # .steps joins every segment's: a copy
+    if no_steps and cut is not None:
         raise ReportError(f"{path}: its only step line, line {last.number} (the last), looks cut ({cut}): its numbers "
                           "may be cut short, so it is not read (import again once the log holds a whole step line)")
-    if not reader.log.steps:
+    if no_steps:
         raise ReportError(_no_steps_message(path, fmt))
     styles = reader.styles | ({megatron.BRIDGE_STYLE} if bridge and fmt == megatron.NAME else set())
     cut_line = (last.number, cut) if cut is not None else None
