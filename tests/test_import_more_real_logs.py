@@ -190,3 +190,10 @@ def test_real_nemo2_lines_without_step_time_are_refused_naming_why(tmp_path, cap
     line = import_error_line(err, log.name)
     assert "NeMo 2 progress lines (line 1) but no step time" in line and "TimingCallback" in line
     assert "give the training log" not in line  # it is the training log
+
+
+def test_syslog_escapes_are_read_only_as_escapes_not_in_other_numbers():
+    """`#015` is a carriage return as rsyslog writes it; `#0152`, an issue's or a job's number, is text."""
+    from nemo_throughput.importers.lines import _unescape_syslog
+
+    assert _unescape_syslog("see issue #0152 #033[0m#015next") == ["see issue #0152 \x1b[0m", "next"]

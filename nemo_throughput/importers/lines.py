@@ -48,7 +48,9 @@ _TORCHX = re.compile(r"[\w.-]+/(\d+) (?=\[(?:default|rank)\d+\]:)")  # NeMo-Run 
 _TORCHRUN = re.compile(r"\[(?:default|rank)(\d+)\]:\s?")
 _PROCESS = re.compile(r"\([\w.-]+, pid=(\d+)(?:, ip=[\d.]+)?\)\s")
 _CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # ECMA-48 CSI: colours, cursor moves, erasing
-_SYSLOG_ESCAPES = {"#033": "\x1b", "#015": "\r"}  # rsyslog's EscapeControlCharactersOnReceive
+# rsyslog's EscapeControlCharactersOnReceive: `#` and three octal digits (not `#0152`, an issue's number)
+_SYSLOG_ESCAPES = re.compile(r"#0(33|15)(?!\d)")
+_SYSLOG_CHARACTERS = {"33": "\x1b", "15": "\r"}
 
 
 @dataclass(frozen=True)
@@ -125,8 +127,7 @@ def _unescape_syslog(text: str) -> list[str]:
     """A piece of text with syslog's escapes read back, split where it holds carriage returns."""
     if "#0" not in text:
         return [text]
-    for escaped, character in _SYSLOG_ESCAPES.items():
-        text = text.replace(escaped, character)
+    text = _SYSLOG_ESCAPES.sub(lambda found: _SYSLOG_CHARACTERS[found.group(1)], text)
     return text.split("\r")
 
 
