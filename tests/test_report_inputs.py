@@ -222,6 +222,7 @@ def test_a_budget_no_run_trains_on_is_a_missing_unit(tmp_path, capsys, tokens):
         main(["report", str(tmp_path), "--tokens", tokens])
     err = capsys.readouterr().err
     assert caught.value.code == 2 and f"--tokens: {tokens} tokens is no training budget" in err
+    assert ("give the unit" in err) == (not tokens.endswith("K"))  # 0.5K has one: never asked for as `0.5KT`
 
 
 # ------------------------------------------------------------------------ where the output goes

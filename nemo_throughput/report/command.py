@@ -77,7 +77,8 @@ FEWEST_BUDGET_TOKENS = 1e6  # fewer is no training run's budget: a suffix left o
 def token_budget(text: str) -> float:
     """--tokens: a number, or one with K, M, B or T (15T = 1.5e13); at least FEWEST_BUDGET_TOKENS."""
     number, scale = text.strip(), 1.0
-    if number[-1:].upper() in TOKEN_SUFFIXES:
+    suffixed = number[-1:].upper() in TOKEN_SUFFIXES
+    if suffixed:
         number, scale = number[:-1], TOKEN_SUFFIXES[number[-1].upper()]
     try:
         tokens = float(number) * scale
@@ -86,8 +87,9 @@ def token_budget(text: str) -> float:
     if not (math.isfinite(tokens) and tokens > 0):
         raise argparse.ArgumentTypeError("must be a positive number of tokens, e.g. 1e12 or 15T")
     if tokens < FEWEST_BUDGET_TOKENS:
-        raise argparse.ArgumentTypeError(f"{text} tokens is no training budget (at least {FEWEST_BUDGET_TOKENS:.0e}); "
-                                         f"give the unit, e.g. {text}T for {tokens * 1e12:.3g} tokens")
+        hint = "" if suffixed else f"; give the unit, e.g. {text}T for {tokens * 1e12:.3g} tokens"
+        raise argparse.ArgumentTypeError(f"{text} tokens is no training budget (at least {FEWEST_BUDGET_TOKENS:.0e})"
+                                         + hint)
     return tokens
 
 
