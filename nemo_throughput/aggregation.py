@@ -4,7 +4,9 @@ Every rank sends the per-step times of the same steps (log steps are the same on
 so one all-gather of equal-sized vectors on the default process group moves everything: NCCL
 on GPU, gloo on CPU. The collective is started on a log step and read on the next one, so
 neither the host nor the GPU waits for it. On NCCL the result is copied into pinned host
-memory behind an event, so reading it later needs no stream synchronisation either.
+memory behind an event, so reading it later needs no stream synchronisation either. A world of
+one rank (one GPU under a strategy that starts a process group, as NeMo's does) exchanges with
+no one: no collective and no copy at its log steps.
 
 What arrives is a tensor ``[ranks, steps, COLUMNS]``; the reporting thread folds it into
 :class:`~nemo_throughput.run_stats.RunStats` (plain Python, shared with the importers).
@@ -164,7 +166,7 @@ class Exchange:
     def start(self, steps: list[StepTimes], extras: list[float] | None = None) -> Gathered:
         self._sent.append(steps)
         payload = self._payload(steps, extras)
-        if not self.distributed:
+        if self.world_size == 1:
             return Gathered(lambda: payload.reshape(1, -1), self.extras_width)
         if self.nccl:
             return self._start_nccl(payload)
@@ -204,11 +206,12 @@ class Exchange:
         device = torch.device("cuda", torch.cuda.current_device())
         host_in = payload.pin_memory()
         sent = host_in.to(device, non_blocking=True)
-        outputs = [torch.empty_like(sent) for _ in range(self.world_size)]
-        work = dist.all_gather(outputs, sent, async_op=True)
+        # Into the rows of one tensor: no list of outputs, no stack (a kernel and a copy) after it.
+        gathered = torch.empty((self.world_size, payload.numel()), dtype=torch.float64, device=device)
+        work = dist.all_gather_into_tensor(gathered, sent, async_op=True)
         work.wait()  # makes the current stream wait for NCCL; the host does not block
         host_out = torch.empty((self.world_size, payload.numel()), dtype=torch.float64, pin_memory=True)
-        host_out.copy_(torch.stack(outputs), non_blocking=True)
+        host_out.copy_(gathered, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record()
 
@@ -238,7 +241,7 @@ class Exchange:
     def _finish(self, local: list[StepTimes], absorbed_through: int, interrupted: bool,
                 extras: torch.Tensor) -> FinalSteps:
         alone = [self.rank] if interrupted else []
-        if not self.distributed:
+        if self.world_size == 1:
             steps = steps_tensor([[s for s in local if s.step > absorbed_through]])
             return FinalSteps(steps, None, alone, extras=extras.reshape(1, -1))
         if self._final_group is None:

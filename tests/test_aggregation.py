@@ -134,6 +134,32 @@ def test_exchange_all_gathers_every_ranks_steps_over_gloo():
         assert results[f"extras{rank}"] == ([[100.0], [101.0]], True)  # every rank's, in rank order; NaN if none
 
 
+def test_a_world_of_one_rank_exchanges_with_no_one(tmp_path):
+    """One rank under a process group (one GPU under NeMo's strategy): its log steps start no
+    collective, the final exchange neither; what comes back is its own steps. The profiler's
+    record of a collective is the witness, shown to see one in the same group."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def collectives(trace) -> list[str]:
+        return [event.name for event in trace.events() if "all_gather" in event.name or "allgather" in event.name]
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        exchange = Exchange(extras_width=1)
+        steps, later = rank_steps(1, [1.0, 2.0], local=[0.5, 0.5]), rank_steps(3, [3.0])
+        with profile(activities=[ProfilerActivity.CPU]) as trace:
+            gathered, extras = exchange.start(steps, [7.0]).wait()
+            final = exchange.finish(later, absorbed_through=2)
+        assert collectives(trace) == []
+        assert step_times(gathered, 0) == steps and extras.tolist() == [[7.0]]
+        assert step_times(final.steps, 0) == later and final.missing is None
+        with profile(activities=[ProfilerActivity.CPU]) as control:
+            dist.all_gather([torch.empty(2, dtype=torch.float64)], torch.zeros(2, dtype=torch.float64))
+        assert collectives(control)  # the witness sees a collective where there is one
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_long_run_on_many_ranks_accumulates_correctly():
     """20,000 steps on 64 ranks, then one ordinary 10-step interval (the cost per interval is the
     benchmark's business: nemo-throughput bench)."""

@@ -2,7 +2,8 @@
 so that no process group outlives it). Prints one JSON line: what each part found.
 
 1. nemo_throughput.aggregation.Exchange over dist.init_process_group("nccl", world_size=1): the
-   pinned-memory all-gather of log steps and the final exchange on its gloo group.
+   pinned-memory all-gather of log steps (called directly: ``start`` sends a world of one nothing)
+   and the final exchange on its gloo group.
 2. A Lightning fit with DDPStrategy(process_group_backend="nccl") on one GPU and ThroughputCallback,
    its per-step hooks under set_sync_debug_mode("error") on non-log steps.
 """
@@ -46,8 +47,10 @@ def exchange_part(port: int) -> dict:
     try:
         exchange = Exchange()
         first, second, pending = step_times(1, 10), step_times(11, 10), step_times(21, 3)
-        started = exchange.start(first)
-        later = exchange.start(second)  # the callback starts one interval before it reads the previous one
+        alone = exchange.start(first).wait()[0]  # a world of one: no collective
+        started = exchange._start_nccl(exchange._payload(first, None))  # the path of many ranks
+        later = exchange._start_nccl(exchange._payload(second, None))  # started before the previous is read
+        exchange._sent.extend([first, second])  # what start() keeps for the final exchange
         got_first, got_second = steps_of(started.wait()), steps_of(later.wait())
         final = exchange.finish(pending, absorbed_through=10)
         return {
@@ -55,6 +58,7 @@ def exchange_part(port: int) -> dict:
             "first_interval_equal": same(got_first, steps_tensor([first]).reshape(1, 10, len(COLUMNS))),
             "second_interval_equal": same(got_second, steps_tensor([second]).reshape(1, 10, len(COLUMNS))),
             "result_pinned": got_first.is_pinned(),
+            "alone_equal": same(alone, steps_tensor([first]).reshape(1, 10, len(COLUMNS))),
             "final_steps": final.steps[0, :, 0].tolist() if final.steps is not None else None,
             "final_missing": final.missing,
         }

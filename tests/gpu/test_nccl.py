@@ -28,6 +28,7 @@ def test_nccl_exchange_and_a_ddp_fit_at_world_size_one(tmp_path, gpu_results):
     exchange, lightning = found["exchange"], found["lightning"]
     assert exchange["backend"] == "nccl" and exchange["nccl"] and exchange["world_size"] == 1
     assert exchange["first_interval_equal"] and exchange["second_interval_equal"] and exchange["result_pinned"]
+    assert exchange["alone_equal"]  # a world of one: the local path, no collective
     assert exchange["final_steps"] == [11.0 + i for i in range(10)] + [21.0, 22.0, 23.0]
     assert exchange["final_missing"] is None
     assert lightning["status"] == "completed" and lightning["exchange_was_nccl"]
