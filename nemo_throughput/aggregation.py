@@ -82,10 +82,11 @@ class Gathered:
     """A started all-gather; :meth:`wait` returns ``[ranks, steps, COLUMNS]`` and ``[ranks, extras]``."""
 
     def __init__(self, wait_fn: Callable[[], torch.Tensor], extras_width: int,
-                 settle_fn: Callable[[float], None] | None = None) -> None:
+                 settle_fn: Callable[[float], None] | None = None, local: bool = False) -> None:
         self._wait_fn = wait_fn
         self._extras_width = extras_width
         self._settle_fn = settle_fn
+        self._local = local  # no collective: wait_fn only builds the tensor, on whichever thread calls it
 
     def wait(self) -> tuple[torch.Tensor, torch.Tensor]:
         return _split(self._wait_fn(), self._extras_width)
@@ -93,8 +94,13 @@ class Gathered:
     def received(self) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         """Wait for the collective here (cheap, and a failed one raises on the caller's thread);
         the call returned gives what :meth:`wait` does, to be made on another thread. It holds
-        the result only: a collective still referenced at interpreter exit aborts the process."""
-        gathered, extras_width = self._wait_fn(), self._extras_width
+        the result only: a collective still referenced at interpreter exit aborts the process.
+        A world of one's tensor is built by the call returned, off the training thread."""
+        extras_width = self._extras_width
+        if self._local:
+            build = self._wait_fn
+            return lambda: _split(build(), extras_width)
+        gathered = self._wait_fn()
         return lambda: _split(gathered, extras_width)
 
     def settle(self, timeout_s: float) -> bool:
@@ -165,9 +171,10 @@ class Exchange:
 
     def start(self, steps: list[StepTimes], extras: list[float] | None = None) -> Gathered:
         self._sent.append(steps)
-        payload = self._payload(steps, extras)
         if self.world_size == 1:
-            return Gathered(lambda: payload.reshape(1, -1), self.extras_width)
+            extras = self._extras_list(extras)  # checked here, on the caller's thread
+            return Gathered(lambda: self._payload(steps, extras).reshape(1, -1), self.extras_width, local=True)
+        payload = self._payload(steps, extras)
         if self.nccl:
             return self._start_nccl(payload)
         gathered = torch.empty((self.world_size, payload.numel()), dtype=torch.float64)
@@ -185,9 +192,9 @@ class Exchange:
         return Gathered(wait, self.extras_width, settle)
 
     def _payload(self, steps: list[StepTimes], extras: list[float] | None) -> torch.Tensor:
-        """``steps * COLUMNS + extras_width`` float64. On the training thread at every log step:
-        the values go into a C array, copied into the tensor at once (half of torch.tensor's cost
-        over a list). Copied, not shared: a tensor over Python memory needs the interpreter to be
+        """``steps * COLUMNS + extras_width`` float64, at every log step (a world of one's on the
+        reporting thread): the values go into a C array, copied into the tensor at once (half of
+        torch.tensor's cost over a list). Copied, not shared: a tensor over Python memory needs the interpreter to be
         freed, and the collective's own thread frees it, at exit too (std::terminate)."""
         values = array("d", [math.nan if value is None else value for s in steps for value in s])  # COLUMNS
         values.extend(self._extras_list(extras))

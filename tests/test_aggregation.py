@@ -109,6 +109,21 @@ def test_exchange_without_torch_distributed_returns_the_local_steps():
         Exchange(extras_width=2).start(steps, [1.0])
 
 
+def test_a_world_of_one_hands_its_steps_to_the_reporting_thread_unbuilt():
+    """The log step hands the reporting thread a call; the tensors are built where it is made,
+    on that thread, and hold what the log step sent."""
+    import threading
+
+    steps = rank_steps(5, [0.5, 0.25], local=[0.1, 0.2])
+    handed = Exchange(extras_width=1).start(steps, [3.0]).received()
+    built = {}
+    worker = threading.Thread(target=lambda: built.update(result=handed(), thread=threading.current_thread()))
+    worker.start()
+    worker.join()
+    gathered, extras = built["result"]
+    assert built["thread"] is worker and step_times(gathered, 0) == steps and extras.tolist() == [[3.0]]
+
+
 def _gloo_worker(rank: int, world_size: int, port: int, results) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
