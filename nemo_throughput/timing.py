@@ -24,7 +24,6 @@ taken from a pool and given back once read: a step records events, it creates an
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections import deque
@@ -226,7 +225,7 @@ class StepTimer:
         With ``wait=False`` it stops at the first step not complete (after an error the device
         may be stuck behind a collective that will never finish).
         """
-        collected = []
+        collected, release = [], self.clock.release
         while self._pending and (through_step is None or self._pending[0][0] <= through_step):
             end = self._pending[0][2]
             if not self.clock.ready(end):
@@ -238,22 +237,26 @@ class StepTimer:
             # Read: its anchor and marks go back to the pool (each once: the anchor may be its START),
             # and its end too unless it is the next step's anchor (a validation gave that a fresh one).
             _, anchor, end, marks, _ = open_step
-            read = [anchor, *(mark for mark in marks if mark is not None)]
+            release(anchor)
+            for mark in marks:
+                if mark is not None and mark is not anchor:
+                    release(mark)
             if end is not (self._pending[0][1] if self._pending else self._anchor):
-                read.append(end)
-            for mark in {id(m): m for m in read}.values():
-                self.clock.release(mark)
+                release(end)
         return collected
 
     def _read(self, step: int, anchor: Any, end: Any, marks: list[Any], counts: Any) -> StepTimes:
+        # Each phase is measured between the marks that bound it, the chain from the LOGGED mark (else
+        # the anchor) through START, BACKWARD and OPTIMIZER to the end; a missing mark leaves the phases
+        # it bounds None. A step after no log step of ours has no LOGGED mark: its logging phase is 0.
+        # Written out, not looped over pairs: on log steps this runs for every step of the interval.
         seconds = self.clock.seconds
         logged, start, backward, optimizer = marks
-        chain = (anchor if logged is None else logged, start, backward, optimizer, end)
-        # Each phase is measured between the marks that bound it; a missing mark leaves it None. A
-        # step after no log step of ours has no LOGGED mark: its logging phase is 0.
-        logging_s = seconds(anchor, logged) if logged is not None else 0.0
-        phases = [logging_s, *(
-            seconds(a, b) if a is not None and b is not None else None
-            for a, b in itertools.pairwise(chain)
-        )]
-        return StepTimes(step, seconds(anchor, end), *phases, *(counts.read() if counts is not None else ()))
+        return StepTimes(
+            step, seconds(anchor, end),
+            seconds(anchor, logged) if logged is not None else 0.0,
+            seconds(anchor if logged is None else logged, start) if start is not None else None,
+            seconds(start, backward) if start is not None and backward is not None else None,
+            seconds(backward, optimizer) if backward is not None and optimizer is not None else None,
+            seconds(optimizer, end) if optimizer is not None else None,
+            *(counts.read() if counts is not None else ()))
