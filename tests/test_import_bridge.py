@@ -71,6 +71,32 @@ def test_real_bridge_launcher_log_with_a_job_prefix(tmp_path, capsys):
     assert "Megatron-Bridge `Step Time :` lines" in summary["environment"]["log_styles"]
 
 
+# The 4-layer vanilla GPT of tests/gpu/bridge_pretrain.py, as Bridge ran it (its ConfigContainer, read by our callback)
+BRIDGE_PROOF_GPT = {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "ffn_hidden_size": 2048,
+                    "seq_length": 1024, "vocab_size": 32000}
+
+
+def test_real_bridge_062_log_with_our_callback_in_it(tmp_path, capsys):
+    """The GPU proof's Megatron-Bridge 0.6.2 `pretrain` on one H100, with our callback in the same run: its
+    six iteration lines are the steps (our callback's own `[throughput]` lines and Python's warnings are
+    not), Bridge's TFLOP/s agree with ours, and the log's mean over iterations 6-30 is within 0.2 % of
+    what our CUDA events measured in the run (0.13041 s, its summary)."""
+    log = DATA / "megatron_bridge_062_h100_vanilla_gpt.log"
+    code, out, err = import_bridge(capsys, log, tmp_path, "--model-spec", json.dumps(BRIDGE_PROOF_GPT),
+                                   "--warmup", "0", "--gpu-name", "NVIDIA H100 80GB HBM3", "--dtype", "bf16",
+                                   num_gpus=1)
+    assert code == 0, err
+    summary = summary_of(tmp_path, log.stem)
+    steps = summary["timing"]["steps"]
+    assert [step for step, _ in steps] == [5, 10, 15, 20, 25, 30]
+    assert [seconds for _, seconds in steps] == pytest.approx([1.2881, 0.1333, 0.1337, 0.1299, 0.1255, 0.1291])
+    assert summary["batch"]["global_batch_size"] == 8
+    (crosscheck,) = summary["model"]["flops_crosscheck"]
+    assert crosscheck["verdict"] == "agree" and crosscheck["lines"] == 6
+    after_warmup = [seconds for step, seconds in summary["timing"]["steps"] if step > 5]
+    assert sum(after_warmup) / len(after_warmup) == pytest.approx(0.13041018, rel=2e-3)
+
+
 def test_srun_labelled_bridge_log_reads_the_last_rank(tmp_path, capsys):
     """Bridge prints Step Time on rank 0 and the iteration line on the last rank: under `srun -l` the rank
     with step lines is the last one, and rank 0's Step Time lines do not make it a step rank."""

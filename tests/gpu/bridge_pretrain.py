@@ -50,6 +50,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    # Bridge's set-up runs `make` on megatron-core's dataset helpers, which the wheel ships compiled;
+    # a machine without a compiler (the GPU machines here) fails there: keep the shipped build.
+    import megatron.bridge.training.initialize as initialize
+
+    initialize.compile_helpers = lambda: None
     cfg = small_gpt_config()
     ours = BridgeThroughputCallback(output_dir=str(args.out / "throughput"), log_every_n_steps=5, warmup_steps=5)
     pretrain(cfg, forward_step, callbacks=[ours])

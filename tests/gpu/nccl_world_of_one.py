@@ -40,6 +40,26 @@ def steps_of(gathered) -> torch.Tensor:
     return gathered[0] if isinstance(gathered, tuple) else gathered
 
 
+def exchange_host_us(exchange: Exchange, steps: list[StepTimes], rounds: int = 200) -> dict:
+    """Host µs of one log step's exchange (started, then the previous one received), the NCCL round
+    against a world of one's local path: recorded for the docs, asserted nowhere (timing is the
+    benchmark's business)."""
+    import time
+
+    found = {}
+    for name, start in (("nccl_round", lambda: exchange._start_nccl(exchange._payload(steps, None))),
+                        ("world_of_one", lambda: exchange.start(steps))):
+        previous = start()
+        begin = time.perf_counter()
+        for _ in range(rounds):
+            started = start()
+            previous.received()
+            previous = started
+        found[name] = (time.perf_counter() - begin) / rounds * 1e6
+        previous.received()
+    return found
+
+
 def exchange_part(port: int) -> dict:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(0)
@@ -54,6 +74,7 @@ def exchange_part(port: int) -> dict:
         got_first, got_second = steps_of(started.wait()), steps_of(later.wait())
         final = exchange.finish(pending, absorbed_through=10)
         return {
+            "host_us_per_log_step_exchange": exchange_host_us(exchange, second),
             "backend": dist.get_backend(), "nccl": exchange.nccl, "world_size": exchange.world_size,
             "first_interval_equal": same(got_first, steps_tensor([first]).reshape(1, 10, len(COLUMNS))),
             "second_interval_equal": same(got_second, steps_tensor([second]).reshape(1, 10, len(COLUMNS))),
