@@ -736,6 +736,7 @@ def test_a_step_held_by_another_callback_is_named_an_outlier_beside_the_median(t
     slow file system): the summary names it, with the phase, and the headline, the final log line and
     report say so beside the median; the mean still counts it."""
     import logging
+    import statistics
     import subprocess
     import sys
 
@@ -744,9 +745,16 @@ def test_a_step_held_by_another_callback_is_named_an_outlier_beside_the_median(t
     from nemo_throughput.demo.command import headline
 
     class HoldsStepSeven(pl.Callback):
+        """Holds step 7 at least 1.5 s, and long enough to be an outlier however slow the steps before it
+        ran (a loaded machine): over 3x their median and 1 s over it."""
+        def __init__(self):
+            self.starts: list[float] = []
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.starts.append(time.perf_counter())
             if trainer.global_step + 1 == 7:
-                time.sleep(1.5)
+                median = statistics.median(b - a for a, b in zip(self.starts[2:], self.starts[3:]))
+                time.sleep(max(1.5, 4 * median + 1.5))
 
     callback = ThroughputCallback(output_dir=str(tmp_path / "throughput"), log_every_n_steps=4, warmup_steps=2)
     trainer = pl.Trainer(max_steps=12, callbacks=[HoldsStepSeven(), callback], logger=False, **quiet_trainer_kwargs)
