@@ -194,8 +194,8 @@ class Exchange:
     def _payload(self, steps: list[StepTimes], extras: list[float] | None) -> torch.Tensor:
         """``steps * COLUMNS + extras_width`` float64, at every log step (a world of one's on the
         reporting thread): the values go into a C array, copied into the tensor at once (half of
-        torch.tensor's cost over a list). Copied, not shared: a tensor over Python memory needs the interpreter to be
-        freed, and the collective's own thread frees it, at exit too (std::terminate)."""
+        torch.tensor's cost over a list). Copied, not shared: a tensor over Python memory needs the
+        interpreter to be freed, and the collective's own thread frees it, at exit too (std::terminate)."""
         values = array("d", [math.nan if value is None else value for s in steps for value in s])  # COLUMNS
         values.extend(self._extras_list(extras))
         return torch.frombuffer(values, dtype=torch.float64).clone() if values else torch.empty(0, dtype=torch.float64)
