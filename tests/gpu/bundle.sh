@@ -4,6 +4,7 @@
 #   tests/gpu/bundle.sh            # small bundle (tests/gpu, bench) + NeMo 2.5 `nemo.collections.llm`
 #   tests/gpu/bundle.sh small      # the small bundle only
 #   tests/gpu/bundle.sh refresh    # re-derive tests/gpu/bundle-nemo.txt from what NeMo really imports
+#   tests/gpu/bundle.sh bridge     # Megatron-Bridge 0.6.2's pretrain: .gpu-bundle/bridge (below)
 #
 # The device image (tests/gpu/device-image-packages.txt) has Python 3.12, torch 2.11, lightning and
 # pytorch-lightning 2.6.6, transformers, numpy, matplotlib...: those are never downloaded (pip runs
@@ -19,7 +20,12 @@
 #   site/site.tar.xz   (unless NO_ARCHIVE=1) the same wheels installed here for CPython 3.12 and packed
 #                      with xz, less PuLP's CBC solver binaries (no LP is solved in pretraining): one
 #                      carry, so one device call needs nothing staged by an earlier one.
-# tests/gpu/run_on_device.sh takes either on the device machine.
+#   bridge/            (`bundle.sh bridge` only; the other modes leave it alone) site.tar.xz: the wheels of
+#                      tests/gpu/bundle-bridge.txt (Megatron-Bridge 0.6.2, megatron-core 0.19.2, their
+#                      imports beyond the image, and the small bundle's wheels) installed for CPython 3.12,
+#                      with Bridge's Transformer Engine import guarded (guard_te_import below), at most
+#                      $BRIDGE_MIB MiB (default 50: it travels alone with the working tree); MANIFEST: its wheels.
+# tests/gpu/run_on_device.sh takes either on the device machine (the Bridge site with --only bridge).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -34,6 +40,8 @@ for n in $(seq 5 39); do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
 binary=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
         "${platforms[@]}")
 pip=("$PY" -m pip --disable-pip-version-check)
+install=("${pip[@]}" install --quiet --no-deps --no-index --no-compile --python-version 3.12 --implementation cp
+         --abi cp312 "${platforms[@]}" --only-binary=:all:)
 
 wheel_project() {  # the normalized project name of a wheel file
     basename "$1" | cut -d- -f1 | tr 'A-Z_.' 'a-z--'
@@ -96,10 +104,84 @@ EOF
     echo "wrote $HERE/bundle-nemo.txt ($(requirements "$HERE/bundle-nemo.txt" | wc -l) distributions)"
 }
 
-if [ "$what" = refresh ]; then refresh_nemo_list; exit 0; fi
-case "$what" in all|small) ;; *) echo "usage: $0 [all|small|refresh]" >&2; exit 2 ;; esac
+guard_te_import() {  # guard_te_import FILE: megatron/bridge/peft/lora_layers.py, patched in place
+    # Megatron-Bridge 0.6.2 imports Transformer Engine unconditionally in its LoRA layers, which the
+    # pretraining path imports (megatron.bridge.peft); the GPU image has no Transformer Engine and the
+    # LoRA layers are never used in pretraining. So the import falls back to a placeholder whose
+    # attributes are empty classes (the module's class statements subclass te.*). Idempotent; fails
+    # loudly if the line is not there exactly once (another Bridge version: look at the file again).
+    "$PY" - "$1" <<'EOF'
+import pathlib, sys
+path = pathlib.Path(sys.argv[1])
+line = "import transformer_engine.pytorch as te\n"
+guard = '''try:
+    import transformer_engine.pytorch as te
+except ImportError:  # bridge-bundle patch: no Transformer Engine on the device; LoRA-TE paths unused
 
-rm -rf "$BUNDLE"
+    class _NoTE:
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return self if name == "ops" else type("NoTE_" + name, (), {})
+
+    te = _NoTE()
+'''
+text = path.read_text()
+if guard in text:
+    print(f"  {path.name}: Transformer Engine import already guarded")
+    sys.exit(0)
+lines = text.splitlines(keepends=True)
+hits = [i for i, l in enumerate(lines) if l == line]
+if len(hits) != 1:
+    sys.exit(f"bundle.sh: {path}: expected the line {line.strip()!r} exactly once, found it {len(hits)} times;"
+             " the TE guard does not fit this Megatron-Bridge version")
+lines[hits[0]] = guard
+path.write_text("".join(lines))
+print(f"  {path.name}: Transformer Engine import guarded (line {hits[0] + 1})")
+EOF
+}
+
+make_bridge() {  # $BUNDLE/bridge: site.tar.xz and MANIFEST, one carry for run_on_device.sh --only bridge
+    local out=$BUNDLE/bridge list=$HERE/bundle-bridge.txt size limit=$((${BRIDGE_MIB:-50} * 1024 * 1024))
+    rm -rf "$out"
+    wheels=$(mktemp -d) root=$(mktemp -d)
+    trap 'rm -rf "$wheels" "$root"' EXIT
+    echo "Megatron-Bridge bundle: $list ($(requirements "$list" | wc -l) distributions)"
+    for req in $(requirements "$list"); do fetch "$req" "$wheels"; done
+    if [ "$(ls "$wheels"/*.whl | wc -l)" -ne "$(requirements "$list" | wc -l)" ]; then
+        echo "bundle.sh bridge: $(ls "$wheels"/*.whl | wc -l) wheels for $(requirements "$list" | wc -l) lines of $list" >&2
+        exit 1
+    fi
+    echo "  installing them for CPython 3.12 manylinux into a site"
+    # pip install checks Requires-Python against the Python running it, not --python-version: Bridge
+    # says >=3.12, and $PY may be older; the wheels were chosen for 3.12 above
+    "${install[@]}" --ignore-requires-python --target "$root" "$wheels"/*.whl
+    guard_te_import "$root/megatron/bridge/peft/lora_layers.py"
+    # no bytecode of this machine's Python (--no-compile writes none; to be sure) and no console scripts
+    # naming its interpreter
+    find "$root" -name __pycache__ -type d -prune -exec rm -rf {} +
+    rm -rf "$root/bin"
+    mkdir -p "$out"
+    (cd "$wheels" && ls *.whl | sort) >"$out/MANIFEST"
+    echo "  packing $out/site.tar.xz with xz (a minute or two)"
+    tar -C "$root" -cf - . | xz -9 -T0 >"$out/site.tar.xz"
+    size=$(stat -c %s "$out/site.tar.xz")
+    echo "  $out/site.tar.xz: $(awk "BEGIN { printf \"%.1f\", $size / 1048576 }") MiB, $(wc -l <"$out/MANIFEST") wheels"
+    if [ "$size" -gt "$limit" ]; then
+        echo "bundle.sh bridge: the site archive is over ${BRIDGE_MIB:-50} MiB: with the working tree it would" \
+             "not fit one device call's carry (64 MiB)" >&2
+        rm -rf "$out"; exit 1
+    fi
+    echo
+    echo "On the device machine (README, \"Megatron-Bridge's pretrain loop\"), one call of its own:"
+    echo "  carry [\"$out\"]: tests/gpu/run_on_device.sh --only bridge $out"
+}
+
+if [ "$what" = refresh ]; then refresh_nemo_list; exit 0; fi
+if [ "$what" = bridge ]; then make_bridge; exit 0; fi
+case "$what" in all|small) ;; *) echo "usage: $0 [all|small|refresh|bridge]" >&2; exit 2 ;; esac
+
+rm -rf "$BUNDLE"/part* "$BUNDLE"/site "$BUNDLE"/MANIFEST "$BUNDLE"/small "$BUNDLE"/nemo "$BUNDLE"/compat  # not bridge/
 mkdir -p "$BUNDLE/small" "$BUNDLE/nemo" "$BUNDLE/compat"
 echo "small bundle: nemo-throughput (this working tree) and $HERE/bundle-small.txt"
 "${pip[@]}" wheel --quiet --no-deps -w "$BUNDLE/small" .
@@ -162,8 +244,6 @@ if [ "$what" = all ] && [ -z "${NO_ARCHIVE:-}" ]; then
     for wheel in "$BUNDLE"/part*/*.whl; do
         if echo "$compat" | grep -qx "$(wheel_project "$wheel")"; then compat_wheels+=("$wheel"); else wheels+=("$wheel"); fi
     done
-    install=("${pip[@]}" install --quiet --no-deps --no-index --no-compile --python-version 3.12 --implementation cp
-             --abi cp312 "${platforms[@]}" --only-binary=:all:)
     "${install[@]}" --target "$root/gpu-site" "${wheels[@]}"
     [ ${#compat_wheels[@]} -eq 0 ] || "${install[@]}" --target "$root/gpu-nemo-compat" "${compat_wheels[@]}"
     # CBC for every OS (no LP is solved in pretraining); console scripts naming this machine's python
