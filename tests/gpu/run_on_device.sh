@@ -7,6 +7,8 @@
 # BUNDLE_FOLDER: what tests/gpu/bundle.sh made and the call carried: .gpu-bundle/site (site.tar.xz,
 # everything in one) or .gpu-bundle/partN (wheels). Wheel parts are staged in /tmp/gpu-bundle and
 # installed together, once every part of the MANIFEST is there (`--stage-only`: stage, run nothing).
+# .gpu-bundle/bridge (`bundle.sh bridge`: a site.tar.xz whose MANIFEST lists megatron-bridge) is unpacked
+# into /tmp/bridge-site, for the bridge step only.
 # STEPS, comma-separated (default all; one call may run 10 minutes, so split them over two calls):
 #   tests        python -m pytest tests/gpu (timing vs truth, syncs, NCCL, peaks/MFU, compile/graphs,
 #                profiler trace of the hooks)                                   at most 120 s (69 s on an H200)
@@ -19,12 +21,17 @@
 #                torch.profiler window over our hooks in steps 19-22            at most 180 s (103 s on an H200)
 #   bench-large  the bench on GPT-3 2.7B (the largest for one 80 GB GPU), 3 rounds, no sync count
 #                                                                               at most 300 s (estimate 4 min)
+#   bridge       Megatron-Bridge 0.6.2's `pretrain` (tests/gpu/bridge_pretrain.py under torchrun, one GPU,
+#                a 4-layer GPT, 30 steps) with our callback, from the Bridge site   at most 180 s
+#                Not in the default: one carry (64 MiB with the working tree) cannot hold the NeMo site
+#                and the Bridge site together, so it takes a call of its own carrying .gpu-bundle/bridge:
+#                  tests/gpu/run_on_device.sh --only bridge .gpu-bundle/bridge
 # So the default, `--only tests,bench,diagnose,nemo` (the proof, with the site archive), fits one call of at
-# most 9 minutes; `--only bench-large` takes a call of its own. Each step's results reach $OUT as it ends, so
-# a call stopped at its limit still brings back what was done.
+# most 9 minutes; `--only bench-large` and `--only bridge` take a call each. Each step's results reach $OUT
+# as it ends, so a call stopped at its limit still brings back what was done.
 # $OUT gets at most 8 files (the device tool's limit): run.txt (each step's status), the JSON results
-# (gpu_results.json, bench_<size>.json, nemo2_compare.json) and logs.tar.gz (every log, the junit XML,
-# the profiler traces, our summaries).
+# (gpu_results.json, bench_<size>.json, nemo2_compare.json, bridge_pretrain.json) and logs.tar.gz (every
+# log, the junit XML, the profiler traces, our summaries).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -33,6 +40,7 @@ WORK=/tmp/gpu-run
 STAGE=/tmp/gpu-bundle
 SITE=/tmp/gpu-site                # every wheel but NeMo's versions of image packages
 SITE_NEMO=/tmp/gpu-nemo-compat    # those (tests/gpu/bundle-nemo-compat.txt): on the NeMo step's path only
+SITE_BRIDGE=/tmp/bridge-site      # Megatron-Bridge's (tests/gpu/bundle-bridge.txt): on the bridge step's path only
 PY=${PYTHON:-python3}
 steps=tests,bench,diagnose,nemo
 stage_only=
@@ -41,7 +49,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --only) steps=$2; shift 2 ;;
         --stage-only) stage_only=1; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set /{/^set /!p}' "$0"; exit 0 ;;
         *) folders+=("$1"); shift ;;
     esac
 done
@@ -51,7 +59,11 @@ note() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$status"; }
 
 # ---------------------------------------------------------------------------------------- install
 for folder in "${folders[@]}"; do
-    if [ -f "$folder/site.tar.xz" ]; then
+    if [ -f "$folder/site.tar.xz" ] && grep -q '^megatron_bridge-' "$folder/MANIFEST" 2>/dev/null; then
+        rm -rf "$SITE_BRIDGE" && mkdir -p "$SITE_BRIDGE" && tar -C "$SITE_BRIDGE" -xJf "$folder/site.tar.xz" \
+            && note "installed $folder/site.tar.xz (Megatron-Bridge) into $SITE_BRIDGE" \
+            || note "FAILED to unpack $folder/site.tar.xz into $SITE_BRIDGE"
+    elif [ -f "$folder/site.tar.xz" ]; then
         rm -rf "$SITE" "$SITE_NEMO" && tar -C /tmp -xJf "$folder/site.tar.xz" \
             && note "installed $folder/site.tar.xz into $SITE and $SITE_NEMO" || note "FAILED to unpack $folder/site.tar.xz"
         cp "$folder/MANIFEST" "$STAGE/MANIFEST.site" 2>/dev/null
@@ -87,7 +99,7 @@ elif ls "$STAGE"/*.whl >/dev/null 2>&1; then
         note "not staged (the machine went cold between calls, or a part was not carried yet):" \
              "$(echo "$missing" | wc -l) wheels, e.g. $(echo "$missing" | head -3 | tr '\n' ' ')"
     fi
-else
+elif [ ! -d "$SITE_BRIDGE/megatron/bridge" ]; then
     note "no bundle carried: the image's packages only (hydra-core/omegaconf are missing there)"
 fi
 export PYTHONPATH=$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}  # the working tree's package before the wheel's
@@ -116,12 +128,14 @@ run_step() {  # run_step NAME SECONDS COMMAND...: log to logs/NAME.log, record t
 }
 
 save_results() {  # what the steps so far produced, into $OUT (at most 8 files: the device tool's limit)
-    for file in "$WORK/tests/gpu_results.json" "$WORK"/bench_*.json "$WORK/nemo2/nemo2_compare.json"; do
+    for file in "$WORK/tests/gpu_results.json" "$WORK"/bench_*.json "$WORK/nemo2/nemo2_compare.json" \
+                "$WORK/bridge/bridge_pretrain.json"; do
         [ -f "$file" ] && cp "$file" "$OUT/"
     done
-    tar -C "$WORK" -czf "$OUT/logs.tar.gz" --exclude='nemo_logs' logs tests nemo2 2>/dev/null
+    tar -C "$WORK" -czf "$OUT/logs.tar.gz" --exclude='nemo_logs' logs tests nemo2 bridge 2>/dev/null
     if [ "$(stat -c %s "$OUT/logs.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then  # over 16 MiB does not come back
-        tar -C "$WORK" -czf "$OUT/logs.tar.gz" --exclude='nemo_logs' --exclude='*trace*' logs tests nemo2 2>/dev/null
+        tar -C "$WORK" -czf "$OUT/logs.tar.gz" --exclude='nemo_logs' --exclude='*trace*' logs tests nemo2 bridge \
+            2>/dev/null
         note "logs.tar.gz without the profiler traces (over 15 MiB with them)"
     fi
 }
@@ -141,6 +155,14 @@ fi
 run_step bench-large 300 "$PY" -m nemo_throughput.cli bench --device cuda --size gpt3-2.7b --steps 30 \
     --window 11: --rounds 3 --conditions no-callback,nemo-throughput,lightning-throughput-monitor --no-sync-count \
     --format json --output "$WORK/bench_gpt3-2.7b.json"
+if case ",$steps," in *,bridge,*) true ;; *) false ;; esac && [ ! -d "$SITE_BRIDGE/megatron/bridge" ]; then
+    note "skip  bridge: no Megatron-Bridge site (carry .gpu-bundle/bridge, made by tests/gpu/bundle.sh bridge)"
+else
+    # torchrun (as torch.distributed.run of this Python), one process; the Bridge site before the small
+    # bundle's, which it includes anyway (one carry suffices)
+    run_step bridge 180 env PYTHONPATH="$REPO:$SITE_BRIDGE:$SITE" "$PY" -m torch.distributed.run \
+        --nproc_per_node=1 tests/gpu/bridge_pretrain.py --out "$WORK/bridge"
+fi
 
 # ---------------------------------------------------------------------------------------- results
 note "results in \$OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
@@ -150,4 +172,6 @@ for size in gpt3-126m diagnose gpt3-2.7b; do
 print(render(json.load(open(sys.argv[1]))), end='')" "$WORK/bench_$size.json"
 done
 [ -f "$WORK/nemo2/nemo2_compare.json" ] && tail -30 "$WORK/logs/nemo.log"
+[ -f "$WORK/bridge/bridge_pretrain.json" ] && "$PY" -c "import json, sys; r = json.load(open(sys.argv[1]))
+print('bridge_pretrain:', 'ok' if r['ok'] else 'FAILED', r['checks'])" "$WORK/bridge/bridge_pretrain.json"
 exit 0
