@@ -2,14 +2,14 @@
 with its dependencies, megatron-core >= 0.17): the part of issue 14 that cannot run on the CPU machines.
 
     torchrun --nproc_per_node=1 tests/gpu/bridge_pretrain.py --out "$OUT"
+    tests/gpu/run_on_device.sh --only bridge .gpu-bundle/bridge   # the GPU machine: `bundle.sh bridge`'s site
 
-NOT RUN YET: written on a CPU machine (Python 3.11), where Bridge's ConfigContainer cannot be imported;
-expect to adjust it on the first GPU session. What it does: Bridge's own vanilla GPT recipe (mock data,
-NullTokenizer: nothing downloaded) shrunk to a 4-layer GPT, megatron-core's local layer spec (the
-device image has no Transformer Engine), no checkpoints, no evaluation; ``pretrain(cfg, forward_step,
-callbacks=[BridgeThroughputCallback(...)])``; then checks that the summary is completed, counts every step,
-and read the model, batch, dtype and parallel sizes from the ConfigContainer. Writes
-bridge_pretrain.json (the checks and the summary's key figures) to OUT.
+First run 2026-11-27 on one H100, every check true (tests/gpu/README.md). What it does: Bridge's own
+vanilla GPT recipe (mock data, NullTokenizer: nothing downloaded) shrunk to a 4-layer GPT,
+megatron-core's local layer spec (the device image has no Transformer Engine), no checkpoints, no
+evaluation; ``pretrain(cfg, forward_step, callbacks=[BridgeThroughputCallback(...)])``; then checks that
+the summary is completed, counts every step, and read the model, batch, dtype and parallel sizes from the
+ConfigContainer. Writes bridge_pretrain.json (the checks and the summary's key figures) to OUT.
 """
 
 from __future__ import annotations
