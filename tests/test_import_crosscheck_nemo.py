@@ -6,6 +6,7 @@ The figure stands for FLOPs per sample = TFLOP/s x 1e12 x seconds x GPUs / batch
 comes from the line's own numbers and flops.py, or from NeMo's formula written out here, never from the output."""
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -57,6 +58,26 @@ def test_b200_llama3_8b_log_agrees_with_nemos_count_before_2_5(tmp_path, capsys)
     assert max(abs(r - 1) for r in ratios) <= check["allowance"] < 0.002
     assert abs(implied(1249.0, 6.08) / llama3_8b("megatron") - 1) > 0.1  # NeMo 2.5's halved count: 12 % off
     assert "the figures are cross-checked" in err and "the run's NeMo is earlier than 2.5" in err
+
+
+H100_LOG = DATA / "nemo2_h100_gpt3_126m_flops_callback.log"
+GPT3_126M = {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "ffn_hidden_size": 3072,
+             "seq_length": 2048, "vocab_size": 50257}
+
+
+def test_h100_log_whose_callback_averages_ten_steps_agrees_and_leaves_out_the_start_up_s_figure(tmp_path, capsys):
+    """NeMo 2.5's own run on an H100 (GPT-3 126M, log_every_n_steps 10): the callback's figure, first printed
+    at iteration 10, averages the ten steps before it, start-up's 4.7 s step among them (46.36, where the
+    steps after print 0.82 s: 67); later figures average steps 0.81-1.0 s. The right facts agree; the
+    start-up interval's lines are left out, said so, not warned on as a disagreement. A wrong GPU count
+    is still found."""
+    facts = ("--model-spec", json.dumps(GPT3_126M), "--gpu-name", "NVIDIA H100 80GB HBM3", "--dtype", "bf16")
+    (check,), err = crosscheck(capsys, tmp_path, H100_LOG, *facts, seq_length=2048, num_gpus=1)
+    assert check["verdict"] == "agree" and check["lines"] == 41 and check["disagreeing_lines"] == []
+    assert "9 more left out: their figure may average step times too far apart to check" in check["note"]
+    assert "warning" not in err
+    (wrong,), err = crosscheck(capsys, tmp_path / "two", H100_LOG, *facts, seq_length=2048, num_gpus=2)
+    assert wrong["verdict"] in ("disagree", "mixed") and "warning: the log's own model TFLOP/s" in err
 
 
 @pytest.mark.parametrize("options, cause", [
@@ -244,25 +265,37 @@ def test_megatron_event_files_throughput_scalar_is_checked(tmp_path, capsys):
     assert checks[0]["verdict"] == "disagree" and any(c.startswith("--num-gpus 16 fits") for c in checks[0]["causes"])
 
 
-def test_the_spread_of_a_repeated_figure_is_its_run_s_in_one_pass():
-    """The step-time spread each line's figure may average: from the line before the figure was first
-    printed to the line after. Held against that definition, applied line by line, on runs of every length
-    (a figure the callback logs every few thousand steps is printed on every line between)."""
+def test_a_repeated_figure_is_held_against_the_steps_of_the_interval_before_it():
+    """The step times each line's figure may be the mean of: the callback's interval of steps up to the
+    step where the figure was first printed (the interval: to the next figure's first step; the last
+    figure's, the one before's). Held against that definition, applied line by line, on runs of every
+    length (a figure the callback logs every few thousand steps is printed on every line between); a
+    single figure is held against the lines around it."""
     import random
 
-    from nemo_throughput.importers.crosscheck_nemo import _spreads
+    from nemo_throughput.importers.crosscheck_nemo import _windows
     from nemo_throughput.importers.steps import Step
 
     rng = random.Random(7)
-    figures = [f for figure in (1.0, 2.0, None, 3.0, 3.0) for f in [figure] * rng.randint(1, 6)]
-    steps = [Step(i + 1, rng.choice([rng.uniform(0.5, 2.0), float("nan"), 0.0]), None, i + 1, None, f)
-             for i, f in enumerate(figures)]
+    figures = [f for figure in (1.0, 2.0, None, 3.0, 4.0) for f in [figure] * rng.randint(1, 6)]
+    steps = [Step(i + 1, rng.choice([rng.uniform(0.5, 2.0), rng.uniform(0.5, 2.0), float("nan"), 0.0]), None,
+                  i + 1, None, f) for i, f in enumerate(figures)]
+    usable = [s.seconds for s in steps if s.seconds == s.seconds and s.seconds > 0]
+    firsts = [i for i in range(len(steps)) if i == 0 or steps[i - 1].tflops_per_gpu != steps[i].tflops_per_gpu]
 
     def by_definition(index):
-        first = index
-        while first > 0 and steps[first - 1].tflops_per_gpu == steps[index].tflops_per_gpu:
-            first -= 1
-        times = [s.seconds for s in steps[max(first - 1, 0):index + 2] if s.seconds == s.seconds and s.seconds > 0]
-        return max(times) / min(times) - 1 if times else 0.0
+        run = max(k for k, first in enumerate(firsts) if first <= index)
+        nearest = run + 1 if run + 1 < len(firsts) else run
+        interval = steps[firsts[nearest]].step - steps[firsts[nearest - 1]].step
+        start = steps[firsts[run]].step
+        times = [s.seconds for s in steps if start - interval <= s.step <= start
+                 and s.seconds == s.seconds and s.seconds > 0]
+        return (sum(times) / len(times), max(times) / min(times) - 1) if times else (math.nan, 0.0)
 
-    assert _spreads(steps) == pytest.approx([by_definition(i) for i in range(len(steps))])
+    assert usable and len(firsts) > 2
+    for index, (mean, spread) in enumerate(_windows(steps)):
+        expected_mean, expected_spread = by_definition(index)
+        assert spread == pytest.approx(expected_spread)
+        assert mean == pytest.approx(expected_mean, nan_ok=True)
+    one = [Step(i + 1, t, None, i + 1, None, 5.0) for i, t in enumerate([1.0, 2.0, 1.5])]
+    assert _windows(one) == [(1.0, 1.0), (2.0, 1.0), (1.5, 1.0)]

@@ -124,6 +124,7 @@ class Result:
     causes: list[str] = field(default_factory=list)
     reason: str = ""  # why a field is skipped
     missing: int = 0  # lines of its kind that do not state it
+    averaging: int = 0  # lines left out: their figure may average step times too far apart to check
     note: str = ""
 
     def record(self) -> dict[str, Any]:
@@ -320,6 +321,9 @@ def note(result: Result, facts: Facts, counts: list[Count]) -> str:
 def _lines_text(result: Result) -> str:
     """``6 line(s), 2 more without it, 1 of them left out as NaN ... (line 7)``."""
     text = f"{result.lines} line(s)" + (f", {result.missing} more without it" if result.missing else "")
+    if result.averaging:
+        text += (f", {result.averaging} more left out: their figure may average step times too far apart to "
+                 "check (the first steps' start-up, a stall)")
     if result.unusable:
         text += (f", {len(result.unusable)} of them left out as NaN, infinite, zero or negative (line "
                  f"{_listed(result.unusable)})")
@@ -345,6 +349,7 @@ class Source:
     rates: list[StatedRate]
     skipped: str | None = None
     missing: int = 0
+    averaging: int = 0  # lines left out: their figure may average step times too far apart to check
 
 
 def check_log(sources: dict[str, Source], counts: list[Count], facts: Facts) -> list[Result]:
@@ -357,7 +362,7 @@ def check_log(sources: dict[str, Source], counts: list[Count], facts: Facts) -> 
             result = Result(field_name, "skipped", len(source.rates), reason=source.skipped)
         else:
             result = check(field_name, source.rates, counts, facts)
-        result.missing = source.missing
+        result.missing, result.averaging = source.missing, source.averaging
         result.note = note(result, facts, counts)
         results.append(result)
     return results

@@ -8,8 +8,11 @@ global batch (the data config's batch, the model config's ``seq_length``) / worl
 the mean of those steps' times. The value stays in the progress bar until the next: NeMo 2's
 ProgressPrinter prints it on every line, averaged like every metric over its own ``log_interval``,
 to 4 significant digits (``{:.4}``; an integer as one). With both intervals 1 (the performance
-scripts') a line's figure is its own step's time's; otherwise it may average other steps, so the
-spread of the step times around it is allowed too. Event files hold it as logged, a float32.
+scripts') a line's figure is its own step's time's; otherwise a figure first printed at step s is the
+mean over the callback's interval of steps up to s (or s - 1: the timing callback may run after it),
+so the spread of those steps' times is allowed too. A figure whose interval holds times more than
+MAX_AVERAGED_SPREAD apart (the first interval holds the first step's start-up) is not checked: the
+allowance would check nothing. Event files hold it as logged, a float32.
 
 The formulas count the model by its family name (``llama3``, ``mixtral`` ...), not its shape: a
 fixed vocabulary per family, heads h/n wide, and family-wide MLP shapes. Where that counts a
@@ -19,6 +22,7 @@ Causal attention is counted in full before NeMo 2.5 and halved since (``qwen3`` 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -30,6 +34,8 @@ from nemo_throughput.importers.steps import Step
 
 OLD_FIELD = "tflops_per_sec_per_gpu"  # the name before NeMo 2.3, which also predates the halving (2.5)
 PRINTED_DIGITS = 4  # ProgressPrinter's {:.4}
+# A figure that may average step times further apart than this (max / min - 1) is not checked.
+MAX_AVERAGED_SPREAD = 0.5
 SAME_COUNT = 1e-6  # a family's count this close to one already compared is that one
 EARLIER = "not with NeMo's current count: the run's NeMo is earlier than 2.5"
 UNREPRODUCED = ("a NeMo formula this check does not reproduce (`transformer`, `deepseekv3`, `nemotronh`, `hyena`, "
@@ -54,18 +60,23 @@ def printed_unit(value: float) -> float:
 
 
 # ------------------------------------------------------------------ what the log states
-def stated_rates(steps: list[Step], batch: int, unit: Callable[[float], float]) -> list[StatedRate]:
+def stated_rates(steps: list[Step], batch: int, unit: Callable[[float], float]) -> tuple[list[StatedRate], int]:
     """The figures the steps state, each with its own time, the batch the callback counts and, where the
-    figure need not be its own step's, the spread of the step times it may average."""
+    figure need not be its own step's, the spread of the step times it may average; and how many lines
+    were left out because that spread is over MAX_AVERAGED_SPREAD."""
     own = _figures_are_their_steps(steps)
-    spreads = [0.0] * len(steps) if own else _spreads(steps)
-    rates = []
+    windows = [(step.seconds, 0.0) for step in steps] if own else _windows(steps)
+    rates, too_spread = [], 0
     for index, step in enumerate(steps):
         if step.tflops_per_gpu is None or (not own and _first_of_an_average(steps, index)):
             continue
-        rates.append(StatedRate(step.line, step.tflops_per_gpu, step.seconds, unit(step.tflops_per_gpu),
-                                unit(step.seconds), batch, spreads[index]))
-    return rates
+        seconds, spread = windows[index]
+        if spread > MAX_AVERAGED_SPREAD:
+            too_spread += 1
+            continue
+        rates.append(StatedRate(step.line, step.tflops_per_gpu, seconds, unit(step.tflops_per_gpu),
+                                unit(step.seconds), batch, spread))
+    return rates, too_spread
 
 
 def _figures_are_their_steps(steps: list[Step]) -> bool:
@@ -82,18 +93,47 @@ def _first_of_an_average(steps: list[Step], index: int) -> bool:
     return index > 0 and steps[index - 1].tflops_per_gpu is None
 
 
-def _spreads(steps: list[Step]) -> list[float]:
-    """For each line, max / min - 1 of the times from the line before its figure was first printed to the
-    line after it; in one pass, the bounds carried along a run of one figure (a figure the callback logs
-    every few thousand steps is printed on every line between)."""
+def _windows(steps: list[Step]) -> list[tuple[float, float]]:
+    """For each line, the mean of the step times its figure may be the mean of, and their spread (max / min
+    - 1): the steps of the callback's interval up to the step where the figure was first printed, that one
+    included (the interval: the steps from there to the next figure's first line; the last figure's, the
+    one before's). Where no interval is known (one figure), the line's own time, with the spread from the
+    line before the figure's first to the line after it. Linear: a figure the callback logs every few
+    thousand steps is printed on every line between."""
+    starts = [i for i, step in enumerate(steps) if i == 0 or steps[i - 1].tflops_per_gpu != step.tflops_per_gpu]
+    intervals = [steps[b].step - steps[a].step for a, b in itertools.pairwise(starts)]
+    if not intervals:
+        return [(step.seconds, spread) for step, spread in zip(steps, _spreads_around(steps))]
+    intervals.append(intervals[-1])
+    windows = []
+    for run, (start, interval) in enumerate(zip(starts, intervals)):
+        end = starts[run + 1] if run + 1 < len(starts) else len(steps)
+        first = start
+        while first > 0 and steps[first - 1].step >= steps[start].step - interval:
+            first -= 1
+        windows += [_mean_and_spread([step.seconds for step in steps[first:start + 1]])] * (end - start)
+    return windows
+
+
+def _spreads_around(steps: list[Step]) -> list[float]:
+    """One figure on every line: each line's spread from the line before the figure's first to the line
+    after it, the bounds carried along in one pass."""
     spreads, low, high = [], math.inf, 0.0
     for index, step in enumerate(steps):
-        if index == 0 or steps[index - 1].tflops_per_gpu != step.tflops_per_gpu:  # the figure first printed here
-            low, high = _widened(math.inf, 0.0, steps[index - 1].seconds if index else math.nan)
+        if index == 0:
+            low, high = math.inf, 0.0
         low, high = _widened(low, high, step.seconds)
         after = _widened(low, high, steps[index + 1].seconds if index + 1 < len(steps) else math.nan)
         spreads.append(after[1] / after[0] - 1 if after[1] > 0 else 0.0)
     return spreads
+
+
+def _mean_and_spread(times: list[float]) -> tuple[float, float]:
+    """The usable times' mean and max / min - 1 (NaN and 0 where none is usable)."""
+    usable = [seconds for seconds in times if math.isfinite(seconds) and seconds > 0]
+    if not usable:
+        return math.nan, 0.0
+    return sum(usable) / len(usable), max(usable) / min(usable) - 1
 
 
 def _widened(low: float, high: float, seconds: float) -> tuple[float, float]:
@@ -188,9 +228,9 @@ def check_import(steps: list[Step], field_name: str, unit: Callable[[float], flo
                  given_flops: float | None, facts: Facts) -> list[Result]:
     """A NeMo 2 log's or event files' figures (``field_name``: printer_field or event_field of the name read;
     ``unit``: printed_unit or float32_unit) against the counts."""
-    rates = stated_rates(steps, facts.batch, unit)
+    rates, too_spread = stated_rates(steps, facts.batch, unit)
     batches = {s.global_batch_size for s in steps if s.global_batch_size is not None}
     source = Source(rates, BATCH_CHANGES if batches - {facts.batch} else None,
-                    missing=sum(step.tflops_per_gpu is None for step in steps))
+                    missing=sum(step.tflops_per_gpu is None for step in steps), averaging=too_spread)
     counts = counts_for(spec, given_flops, facts.gpus_per_node, halved_possible=OLD_FIELD not in field_name)
     return check_log({field_name: source}, counts, replace(facts, framework_counts=UNREPRODUCED))
