@@ -15,6 +15,7 @@ import pytest
 from conftest import summary_of
 from nemo_throughput.cli import main
 from nemo_throughput.flops import ModelSpec, model_flops_per_sample
+from nemo_throughput.importers.crosscheck import STRAY_LINES
 from nemo_throughput.presets import preset
 
 DATA = Path(__file__).parent / "data" / "import"
@@ -149,6 +150,8 @@ def test_one_line_off_is_mixed_and_named(tmp_path, capsys):
     check, err = b200_checks(capsys, tmp_path, ["1.249e+03", "1.252e+03", "2.496e+03", "1.25e+03"])
     assert check["verdict"] == "mixed" and check["disagreeing_lines"] == [3]
     assert "on 1 of 4 usable lines (line 3)" in err
+    # the median fits the facts given: no other GPU count or length is offered for one stray line
+    assert check["causes"] == [STRAY_LINES] and "--num-gpus 16" not in err
 
 
 def test_nemo_2_5s_halved_count_agrees(tmp_path, capsys):

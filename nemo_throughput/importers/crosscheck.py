@@ -34,6 +34,8 @@ VOCAB_MULTIPLE = 128  # Megatron pads the vocabulary to 128 x TP; Bridge to a po
 SEQ_GRANULE = 1024  # sequence lengths named as a cause are multiples of it (or powers of two below it)
 MAX_GPUS = 1_000_000  # a GPU count named as a cause is one import accepts (importers.mlperf.systems.MAX_COUNT)
 MAX_LISTED = 10
+STRAY_LINES = ("the lines' median agrees with the facts given, so only those lines stand apart: a figure "
+               "averaging steps the log prints otherwise (a stall, a save, start-up), or a line edited or cut")
 FLOAT32_SPACING = 2.0 ** -23  # an event file's scalar is a float32
 AGREEING = ("agree", "agree_with_earlier_count", "agree_with_framework_count")
 
@@ -182,7 +184,10 @@ def check(field_name: str, rates: list[StatedRate], counts: list[Count], facts: 
         result.verdict = best.verdict
         return result
     result.verdict = "mixed" if agreed else "disagree"
-    result.causes = causes(result.log_flops_per_sample, result.allowance, result.log_tflops, counts, facts)
+    if agreed and _within(result.log_flops_per_sample, best.flops_per_sample, result.allowance):
+        result.causes = [STRAY_LINES]  # other facts fitting the median would be fitting what already fits
+    else:
+        result.causes = causes(result.log_flops_per_sample, result.allowance, result.log_tflops, counts, facts)
     return result
 
 
