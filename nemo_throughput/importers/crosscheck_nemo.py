@@ -116,12 +116,10 @@ def _windows(steps: list[Step]) -> list[tuple[float, float]]:
 
 
 def _spreads_around(steps: list[Step]) -> list[float]:
-    """One figure on every line: each line's spread from the line before the figure's first to the line
-    after it, the bounds carried along in one pass."""
+    """One figure on every line: each line's spread from the first line to the line after it, the bounds
+    carried along in one pass."""
     spreads, low, high = [], math.inf, 0.0
     for index, step in enumerate(steps):
-        if index == 0:
-            low, high = math.inf, 0.0
         low, high = _widened(low, high, step.seconds)
         after = _widened(low, high, steps[index + 1].seconds if index + 1 < len(steps) else math.nan)
         spreads.append(after[1] / after[0] - 1 if after[1] > 0 else 0.0)
