@@ -268,6 +268,20 @@ def test_megatron_event_files_throughput_scalar_is_checked(tmp_path, capsys):
     assert checks[0]["verdict"] == "disagree" and any(c.startswith("--num-gpus 16 fits") for c in checks[0]["causes"])
 
 
+@pytest.mark.parametrize("numbers", ["repeated", "going down"])
+def test_step_numbers_no_run_prints_end_a_figure_s_window_at_its_own_line(numbers):
+    """Step numbers that repeat or go down (a hostile or mangled log) end the walk back through a figure's
+    interval at once: each figure is held against its own line, and 200,000 such lines are read in one
+    pass (the walk once went back to the log's start for every figure: quadratic)."""
+    from nemo_throughput.importers.crosscheck_nemo import _windows
+    from nemo_throughput.importers.steps import Step
+
+    count = 200_000
+    steps = [Step(7 if numbers == "repeated" else count - i, 0.5 + i % 3 / 10, 32, i, None, float(i % 2))
+             for i in range(count)]
+    assert _windows(steps) == [(step.seconds, 0.0) for step in steps]
+
+
 def test_a_repeated_figure_is_held_against_the_steps_of_the_interval_before_it():
     """The step times each line's figure may be the mean of: the callback's interval of steps up to the
     step where the figure was first printed (the interval: to the next figure's first step; the last

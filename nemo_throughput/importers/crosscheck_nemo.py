@@ -108,8 +108,10 @@ def _windows(steps: list[Step]) -> list[tuple[float, float]]:
     windows = []
     for run, (start, interval) in enumerate(zip(starts, intervals)):
         end = starts[run + 1] if run + 1 < len(starts) else len(steps)
-        first = start
-        while first > 0 and steps[first - 1].step >= steps[start].step - interval:
+        first, earliest = start, steps[start].step - interval
+        # back through the interval, while the steps before go down: each line once (step numbers that
+        # repeat or go up, as no run of one process prints them, end the window rather than scan the log)
+        while first > 0 and earliest <= steps[first - 1].step < steps[first].step:
             first -= 1
         windows += [_mean_and_spread([step.seconds for step in steps[first:start + 1]])] * (end - start)
     return windows
