@@ -33,9 +33,10 @@ Layers, dependencies pointing one way (tests/test_structure.py checks the arrows
   result_summary: the summary of one result: time to train, counts, samples/s and notes);
   crosscheck: the facts given against a log's own TFLOP/s, with crosscheck_megatron and
   crosscheck_nemo: each framework's fields and counts) make summaries of logs; report/ (runs,
-  fields, comparable: which runs may be averaged, compared or scaled; segments: a resumed run's summaries joined; goodput: the runs' goodput table;
-  grouping, rendering, time_to_train, plots) makes tables and plots of summaries; compare/ (sides, stats, comparison, render) says whether a candidate's runs are slower
-  than a baseline's.
+  fields, comparable: which runs may be averaged, compared or scaled; segments: a resumed run's
+  summaries joined; goodput: the runs' goodput table; grouping, rendering, time_to_train, plots)
+  makes tables and plots of summaries; compare/ (sides, stats, comparison, render) says whether a
+  candidate's runs are slower than a baseline's.
 * entry points: cli and the ``command`` modules (report, compare, importers, launch, bench, demo,
   explain.probe_command); launch/ (slurm, kubernetes), bench/ (trials, harness, syncs, stats,
   render, log_step, stand_in: a slow NVML), demo/ (gpt, train, console), conf/ (the Hydra config groups).
